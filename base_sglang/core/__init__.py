@@ -1,0 +1,20 @@
+"""BASE selection core: pure torch, imports nothing beyond torch (and safetensors lazily)."""
+
+from .config import POLICIES, SelectionConfig
+from .moe_ref import expert_output_norms, moe_forward_ref
+from .predictor import Predictor, PredictorMeta, PredictorMismatch, describe_model_config
+from .selection import Selection, SelectionStats, select_experts
+
+__all__ = [
+    "POLICIES",
+    "Predictor",
+    "PredictorMeta",
+    "PredictorMismatch",
+    "Selection",
+    "SelectionConfig",
+    "SelectionStats",
+    "describe_model_config",
+    "expert_output_norms",
+    "moe_forward_ref",
+    "select_experts",
+]

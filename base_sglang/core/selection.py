@@ -1,0 +1,261 @@
+"""Batch-aware expert selection for one MoE layer in one decode step (pure torch: CPU path and oracle).
+
+Shape legend
+  T  tokens in the decode batch (one row per running request; padded rows allowed)
+  E  routed experts of the layer
+  K  top-k slots per token
+  H  hidden size (MoE-layer input)
+  P  = K + E preference slots: the model's own top-k first, then every other expert by router logit
+
+Budget semantics (per token, int [T]):
+  -1      padded row: contributes nothing to any score and is fully dropped (ids -1, weights 0);
+  1..E-1  experts per MoE layer per decode step;
+  >= E    dense.
+The batch budget M is the LARGEST budget among real rows (dense if any real row is dense). The kept set S
+is the top-M experts of the union by the policy's batch score, and EVERY token uses its routed experts that
+are in S and is backfilled from its own preference order inside S. Loaded experts cost no extra HBM
+traffic, so a small-budget request batched with a larger one gets the better quality for free, and the
+number of distinct experts executed never exceeds M.
+
+Everything is fixed-shape and free of host synchronisation for dense/base/oracle/oea/gate_sum/frequency/
+lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
+reduced with a one-hot sum (no float atomics), so repeated calls and every tensor-parallel rank agree.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .config import SelectionConfig
+from .predictor import Predictor
+
+
+class SelectionStats(NamedTuple):
+    num_union: torch.Tensor  # [] int64  distinct experts routed by real rows, before selection
+    num_kept: torch.Tensor  # [] int64  distinct experts executed after selection
+    removed_cost: torch.Tensor  # [] fp32 predicted removal cost of the union experts not kept
+
+
+class Selection(NamedTuple):
+    ids: torch.Tensor  # [T, K] same dtype as topk_ids, -1 = dropped slot
+    weights: torch.Tensor  # [T, K] same dtype as topk_weights, 0 for dropped slots
+    stats: SelectionStats
+
+
+def select_experts(
+    router_logits: torch.Tensor,  # [T, E]
+    topk_ids: torch.Tensor,  # [T, K] int32/int64, as the model computed them
+    topk_weights: torch.Tensor,  # [T, K] as the model computed them (after its own renorm/scaling)
+    hidden_states: torch.Tensor | None,  # [T, H] MoE-layer input (router input)
+    budget: torch.Tensor,  # [T] int, see the module docstring
+    layer_id: int,
+    config: SelectionConfig,
+    predictor: Predictor | None = None,
+    *,
+    norm_topk_prob: bool = True,
+    routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle only)
+) -> Selection:
+    """Turn the router's top-k into what one MoE layer executes in one decode step."""
+    T, E = router_logits.shape
+    K = topk_ids.shape[1]
+    dev = router_logits.device
+    ids = topk_ids.long()  # [T, K]
+    w = topk_weights.float()  # [T, K]
+    budget = budget.to(dev).long()  # [T]
+    real = budget >= 0  # [T]
+    valid = real[:, None].expand(T, K)  # [T, K] routed slots of real rows
+
+    routed_row = _membership(ids, torch.ones_like(ids, dtype=torch.bool), E)  # [T, E] per row
+    count = (routed_row & real[:, None]).sum(0)  # [E] real tokens routing to u
+    in_union = count > 0  # [E]
+    num_union = in_union.sum()  # []
+
+    any_dense = (real & (budget >= E)).any()  # []
+    batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
+    m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
+
+    pred_cost = None  # [T, K] predicted removal cost c = w^2 exp(2 yhat)
+    if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
+        yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
+        pred_cost = w.square() * torch.exp(2.0 * yhat)  # [T, K]
+
+    policy = config.policy
+    if policy == "dense" or layer_id in config.skip_layers:
+        new_ids, new_w = ids, w
+        cost = pred_cost
+    elif policy in ("sere", "exfold"):
+        new_ids, new_w = (_sere if policy == "sere" else _exfold)(
+            ids, w, valid, in_union, m, layer_id, config, _need(predictor, policy))
+        cost = pred_cost
+    else:
+        cost, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
+                               config, predictor, pred_cost, routed_norms)
+        if config.backfill:
+            new_ids = _backfill(router_logits, ids, routed_row, in_s, K)  # [T, K]
+        else:
+            new_ids = torch.where(in_s[ids], ids, torch.full_like(ids, -1))  # [T, K]
+        new_w = _combine_weights(router_logits, ids, w, routed_row, new_ids, config.renorm,
+                                 norm_topk_prob)
+
+    new_ids = torch.where(valid, new_ids, torch.full_like(new_ids, -1))  # padded rows: all dropped
+    new_w = torch.where(new_ids >= 0, new_w, torch.zeros_like(new_w))  # [T, K]
+
+    kept = _membership(new_ids, new_ids >= 0, E).any(0)  # [E]
+    removed = torch.zeros((), device=dev)
+    if cost is not None:
+        d = _batch_score(ids, cost, valid, E)  # [E]
+        removed = (d * (in_union & ~kept)).sum()  # []
+    stats = SelectionStats(num_union, kept.sum(), removed)
+    return Selection(new_ids.to(topk_ids.dtype), new_w.to(topk_weights.dtype), stats)
+
+
+# ---- kept set S for the backfill-style policies ------------------------------------------------
+def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config, predictor,
+              pred_cost, routed_norms):
+    """Return (per-pair removal cost or None, kept mask in_s [E])."""
+    E = logits.shape[1]
+    cost = pred_cost
+    if policy == "base":
+        if pred_cost is None:
+            _need(predictor, policy)
+            raise ValueError("base: hidden_states are required to predict removal costs")
+        score = _batch_score(ids, pred_cost, valid, E)  # [E] D_u
+        return cost, _top_m(score, m, in_union)
+    if policy == "oracle":
+        if routed_norms is None:
+            raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
+        cost = w.square() * routed_norms.float().square()  # [T, K]
+        return cost, _top_m(_batch_score(ids, cost, valid, E), m, in_union)
+    if policy == "gate_sum":
+        return cost, _top_m(_batch_score(ids, w, valid, E), m, in_union)
+    if policy == "frequency":
+        freq = _need(predictor, policy).expert_freq[predictor.slot(layer_id)].to(w.device)  # [E]
+        return cost, _top_m(freq.float(), m, in_union)
+    if policy == "oea":
+        k0 = min(config.oea_k0, ids.shape[1])
+        base = _membership(ids[:, :k0], valid[:, :k0], E).any(0)  # [E] union of the top-k0 slots
+        return cost, base
+    if policy == "lynx":
+        r = logits.float()  # [T, E]
+        lr = r.gather(1, ids) - r.amax(1, keepdim=True)  # [T, K] log(p_e / p_top1) <= 0
+        bins = torch.floor(config.lynx_alpha * lr).clamp(-float(config.lynx_beta), 0.0)  # [T, K]
+        b = real.sum().clamp_min(1).float()  # [] batch size B
+        score = _batch_score(ids, torch.pow(b, bins), valid, E)  # [E] sum_t B^bin
+        return cost, (score >= config.lynx_tau) & in_union
+    raise ValueError(f"policy: {policy!r} has no kept-set rule")
+
+
+def _top_m(score: torch.Tensor, m: torch.Tensor, in_union: torch.Tensor) -> torch.Tensor:
+    """Mask of the top-m union experts by score (stable: ties go to the lower id). score [E]."""
+    E = score.shape[0]
+    masked = torch.where(in_union, score.float(), torch.full_like(score.float(), -float("inf")))
+    order = torch.sort(masked, descending=True, stable=True).indices  # [E]
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(E, device=score.device))  # [E]
+    return (rank < m) & in_union  # [E]
+
+
+# ---- backfill and weights ----------------------------------------------------------------------
+def preference_order(logits: torch.Tensor, ids: torch.Tensor, routed_row: torch.Tensor):
+    """Each token's preference order: its own top-k as the model gave them, then the rest by logit.
+
+    Returns pref [T, P] expert ids and fresh [T, P] (False where a rest-slot repeats a top-k expert).
+    """
+    rest = torch.sort(logits.float(), dim=1, descending=True, stable=True).indices  # [T, E]
+    pref = torch.cat([ids, rest], 1)  # [T, P]
+    fresh = torch.cat([torch.ones_like(ids, dtype=torch.bool),
+                       ~routed_row.gather(1, rest)], 1)  # [T, P]
+    return pref, fresh
+
+
+def _backfill(logits, ids, routed_row, in_s, K):
+    """First K experts of each token's preference order that lie in the kept set. [T, K], -1 pad."""
+    T = ids.shape[0]
+    pref, fresh = preference_order(logits, ids, routed_row)  # [T, P]
+    cand = in_s[pref] & fresh  # [T, P]
+    pos = torch.cumsum(cand.int(), 1) - 1  # [T, P] output slot of each candidate
+    take = cand & (pos < K)  # [T, P]
+    col = torch.where(take, pos, torch.full_like(pos, K)).long()  # [T, P]; K = discard column
+    out = torch.full((T, K + 1), -1, dtype=ids.dtype, device=ids.device)  # [T, K+1]
+    out.scatter_(1, col, torch.where(take, pref, torch.full_like(pref, -1)))
+    return out[:, :K]  # [T, K]
+
+
+def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob):
+    """Combine weights for the final set, following the renorm option (see SelectionConfig)."""
+    mode = ("always" if norm_topk_prob else "never") if renorm == "native" else renorm
+    p = torch.softmax(logits.float(), dim=-1)  # [T, E]
+    ok = new_ids >= 0  # [T, K]
+    safe = new_ids.clamp_min(0)  # [T, K]
+    p_new = p.gather(1, safe) * ok  # [T, K]
+    total_w = w.sum(1, keepdim=True)  # [T, 1] weight the model gave the token
+    total_p = p.gather(1, ids).sum(1, keepdim=True)  # [T, 1] probability of its routed set
+    if mode == "always":
+        new_w = p_new / p_new.sum(1, keepdim=True).clamp_min(1e-30) * total_w  # [T, K]
+    else:
+        w_full = torch.zeros_like(p).scatter_(1, ids, w)  # [T, E] the model's own weights
+        own = routed_row.gather(1, safe) & ok  # [T, K] expert was in the token's top-k
+        scaled = p_new * (total_w / total_p.clamp_min(1e-30))  # backfilled: same scaling as routed
+        new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K]
+    unchanged = (new_ids == ids).all(1, keepdim=True)  # [T, 1] exact identity when nothing moved
+    return torch.where(unchanged, w, new_w)
+
+
+# ---- re-routing baselines ----------------------------------------------------------------------
+def _sere(ids, w, valid, in_union, m, layer_id, config, predictor):
+    """SERE: secondary slots outside the primary set go to the most similar primary expert."""
+    E = in_union.shape[0]
+    K = ids.shape[1]
+    s = min(config.sere_s, K)
+    primary = _membership(ids[:, :s], valid[:, :s], E).any(0)  # [E]
+    sim = predictor.sere_sim[predictor.slot(layer_id)].to(w.device).float()  # [E, E]
+    to_p = torch.where(primary[None, None, :], sim[ids], torch.full_like(sim[ids], -float("inf")))
+    best_sim, best = to_p.max(-1)  # [T, K]
+    secondary = torch.arange(K, device=ids.device)[None, :] >= s  # [1, K]
+    critical = (config.sere_rho > 0) & (best_sim < config.sere_rho)  # [T, K]
+    reroute = secondary & ~primary[ids] & ~critical  # [T, K]
+    return torch.where(reroute, best, ids), w
+
+
+def _exfold(ids, w, valid, in_union, m, layer_id, config, predictor):
+    """ExFold (decode): keep the top-D experts by sum w*h; fold every other slot into its best sink."""
+    E = in_union.shape[0]
+    j = predictor.slot(layer_id)
+    if predictor.expert_norm is None or predictor.exfold_loss is None:
+        raise ValueError("exfold: the predictor file lacks expert_norm / exfold_loss statistics")
+    h = predictor.expert_norm[j].to(w.device).float()  # [E]
+    imp = _batch_score(ids, w * h[ids], valid, E)  # [E]
+    sub = _top_m(imp, m, in_union)  # [E]
+    loss = predictor.exfold_loss[j].to(w.device).float()  # [E, E]
+    coef = predictor.exfold_coef[j].to(w.device).float()  # [E, E]
+    to_sub = torch.where(sub[None, None, :], loss[ids], torch.full_like(loss[ids], float("inf")))
+    sink = to_sub.argmin(-1)  # [T, K]
+    fold = ~sub[ids]  # [T, K]
+    new_ids = torch.where(fold, sink, ids)
+    new_w = torch.where(fold, w * coef[ids, sink], w)
+    return new_ids, new_w
+
+
+# ---- small helpers -----------------------------------------------------------------------------
+def _membership(ids: torch.Tensor, mask: torch.Tensor, E: int) -> torch.Tensor:
+    """[T, E] bool: expert e appears in row t among the masked slots. ids [T, K] (-1 allowed)."""
+    T = ids.shape[0]
+    col = torch.where(mask & (ids >= 0), ids.long(), torch.full_like(ids.long(), E))  # [T, K]
+    out = torch.zeros((T, E + 1), dtype=torch.bool, device=ids.device)
+    return out.scatter_(1, col, True)[:, :E]
+
+
+def _batch_score(ids: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, E: int):
+    """D[e] = sum over real (t, k) with ids[t,k] == e of values[t,k]. Deterministic one-hot sum."""
+    onehot = (ids.unsqueeze(-1) == torch.arange(E, device=ids.device)) & valid.unsqueeze(-1)
+    return (onehot * values.float().unsqueeze(-1)).sum((0, 1))  # [E]
+
+
+def _need(predictor: Predictor | None, policy: str) -> Predictor:
+    stat = SelectionConfig(policy=policy).needs_stats
+    if predictor is None:
+        raise ValueError(f"{policy}: this policy needs a predictor file with calibration statistics")
+    if stat not in ("predictor", None) and getattr(predictor, stat) is None:
+        raise ValueError(f"{policy}: the predictor file has no {stat!r} statistics")
+    return predictor
