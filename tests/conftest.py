@@ -1,0 +1,23 @@
+"""Shared fixtures: seeding, the gpu marker, and a clean MoE-hook context for every test."""
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_reset():
+    torch.manual_seed(0)
+    from base_sglang.engine import moe_hook
+
+    moe_hook.reset_step()
+    yield
+    moe_hook.reset_step()
