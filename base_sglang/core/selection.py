@@ -77,6 +77,8 @@ def select_experts(
     m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
 
     pred_cost = None  # [T, K] predicted removal cost c = w^2 exp(2 yhat)
+    if config.policy == "base" and predictor is not None and layer_id not in config.skip_layers:
+        predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
         pred_cost = w.square() * torch.exp(2.0 * yhat)  # [T, K]
