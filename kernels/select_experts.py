@@ -1,0 +1,50 @@
+"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (two launches).
+
+Same signature and semantics as the core for policy "base" (ids exact, weights to float rounding):
+base_score (per-pair predicted removal cost) then base_select (batch score, top-M, backfill, weights).
+Other policies and layers listed in config.skip_layers run the core's torch path, which is also
+fixed-shape and graph-capturable. Missing inputs raise the core's errors.
+"""
+
+from __future__ import annotations
+
+import torch
+from base_sglang.kernels.base_score import base_score
+from base_sglang.kernels.base_select import base_select
+
+from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
+
+
+def base_select_experts(
+    router_logits: torch.Tensor,  # [T, E]
+    topk_ids: torch.Tensor,  # [T, K] int32/int64
+    topk_weights: torch.Tensor,  # [T, K]
+    hidden_states: torch.Tensor | None,  # [T, H]
+    budget: torch.Tensor,  # [T] int, -1 padded row, >= E dense (keep it on the device for graphs)
+    layer_id: int,
+    config: SelectionConfig,
+    predictor: Predictor | None = None,
+    *,
+    norm_topk_prob: bool = True,
+    routed_norms: torch.Tensor | None = None,
+) -> Selection:
+    """Turn the router's top-k into what one MoE layer executes in one decode step (Triton)."""
+    use_core = (config.policy != "base" or layer_id in config.skip_layers or predictor is None
+                or hidden_states is None or layer_id not in predictor._slot)
+    if use_core:
+        return select_experts(router_logits, topk_ids, topk_weights, hidden_states, budget, layer_id,
+                              config, predictor, norm_topk_prob=norm_topk_prob,
+                              routed_norms=routed_norms)
+    dev = router_logits.device
+    j = predictor.slot(layer_id)
+    a = predictor.weight[j].to(dev)  # [E, H] no copy when the predictor already lives on dev
+    b = predictor.bias[j].to(dev)  # [E]
+    if budget.device != dev or budget.dtype not in (torch.int32, torch.int64):
+        budget = budget.to(dev, torch.int64)
+    ids = topk_ids.contiguous()
+    w = topk_weights.contiguous()
+    cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
+    renorm = config.renorm == "always" or (config.renorm == "native" and norm_topk_prob)
+    new_ids, new_w, _d, _in_s, counts, removed = base_select(
+        cost, ids, w, router_logits, budget.contiguous(), backfill=config.backfill, renorm=renorm)
+    return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))

@@ -1,0 +1,34 @@
+"""Launcher helpers shared by the kernels: interpreter detection and contract checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ID_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def is_interpreter() -> bool:
+    """True when Triton runs kernels on the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def check(cond: bool, msg: str) -> None:
+    """Contract check that survives `python -O` (unlike assert)."""
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, device: torch.device,
+                 contiguous: bool = True) -> None:
+    check(tuple(t.shape) == tuple(shape), f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+    check(t.dtype in dtypes, f"{name}: dtype {t.dtype}, expected one of {dtypes}")
+    check(t.device == device, f"{name}: on {t.device}, expected {device}")
+    if contiguous:
+        check(t.is_contiguous(), f"{name}: must be contiguous (strides {t.stride()})")
