@@ -1,0 +1,136 @@
+"""Async front of LLMEngine for the server: the step loop runs in one background thread.
+
+Requests and aborts are handed to the loop through a queue and applied between steps; each request's
+outputs come back through its own asyncio.Queue. `_streams` (live requests) is changed only on the
+event-loop side; the engine thread only reads it. Leaving the `generate` iterator early (client gone,
+task cancelled) aborts the request, which frees its batch slot at the next step boundary.
+A step that raises fails the requests of that batch (error output) and the loop carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import AsyncIterator
+
+from .llm_engine import LLMEngine
+from .scheduler import QueueFull
+from .sequence import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def capacity(self) -> int:
+        cfg = self.engine.config
+        return cfg.max_running_requests + cfg.max_waiting_requests
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="base-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    @property
+    def num_live(self) -> int:
+        return len(self._streams)
+
+    def generate(self, prompt_ids: list[int], params, budget: int | None,
+                 request_id: str) -> AsyncIterator[RequestOutput]:
+        """Submit now and return the request's output stream (ends with the finished output).
+
+        Raises ValueError (naming the field) or QueueFull right away. Leaving the stream early
+        aborts the request; a stream that is never iterated must be given to abort().
+        """
+        self.engine.validate(prompt_ids, params, budget)
+        if self.num_live >= self.capacity:
+            raise QueueFull(f"the server is at capacity ({self.capacity} requests)")
+        if request_id in self._streams:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), q)
+        self._send(("add", request_id, prompt_ids, params, budget))
+        return self._stream(request_id, q)
+
+    async def _stream(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    finished = True  # the engine never admitted it
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self._send(("abort", request_id))
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _send(self, command) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._apply_commands()
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # one bad batch must not stop the server
+                log.error("engine step failed: %s", traceback.format_exc())
+                outputs = self.engine.fail_running(f"{type(exc).__name__}: {exc}")
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                _, rid, prompt_ids, params, budget = cmd
+                try:
+                    self.engine.add_request(prompt_ids, params, budget, request_id=rid)
+                except (ValueError, QueueFull) as exc:
+                    self._deliver(rid, exc)
+            else:
+                self.engine.abort(cmd[1])
+
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, q = target
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the event loop is closed
+            pass

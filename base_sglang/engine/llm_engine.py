@@ -1,0 +1,155 @@
+"""The native engine: add requests, then step() = schedule -> run -> sample -> postprocess."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .config import EngineConfig
+from .detokenizer import Detokenizer
+from .loader import eos_token_ids
+from .model_runner import ModelRunner
+from .sampler import Sampler, token_logprobs
+from .scheduler import Scheduler
+from .sequence import RequestOutput, Sequence
+from .stats import EngineStats, StepStats
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.tokenizer = self.runner.tokenizer
+        self.num_experts = self.runner.num_experts
+        model_cfg = self.runner.model.config
+        self.max_model_len = config.max_model_len or model_cfg.max_position_embeddings
+        self.eos_ids = eos_token_ids(self.runner.model, self.tokenizer)
+        self.scheduler = Scheduler(config.max_running_requests, config.max_waiting_requests,
+                                   config.max_prefill_tokens)
+        self.sampler = Sampler()
+        self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers))
+        self._ids = itertools.count()
+        torch.manual_seed(config.seed)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params, budget: int | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError naming the field, or QueueFull."""
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.validate(prompt_ids, params, budget)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(self.runner.device).manual_seed(params.seed)
+        seq = Sequence(rid, prompt_ids, params, budget if budget is not None else self.config.default_budget,
+                       Detokenizer(self.tokenizer, params.stop), generator=gen)
+        self.scheduler.add(seq)
+        return rid
+
+    def validate(self, prompt_ids: list[int], params, budget: int | None) -> None:
+        vocab = self.runner.model.config.vocab_size
+        if not prompt_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if any((not isinstance(t, int)) or not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        if len(prompt_ids) + max(params.max_tokens, 1) > self.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
+                             f"({params.max_tokens}) exceeds the model's {self.max_model_len}")
+        if budget is not None and budget < 1:
+            raise ValueError(f"expert_budget: must be >= 1, got {budget}")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a waiting or running request (call between steps); returns its final output."""
+        seq = self.scheduler.remove_waiting(request_id)
+        if seq is None:
+            seq = self.scheduler.find_running(request_id)
+            if seq is None:
+                return None
+            self.runner.release([self.scheduler.running.index(seq)])
+            self.scheduler.retire([seq])
+        seq.finish("abort")
+        return self._output(seq, [], "")
+
+    def fail_running(self, error: str) -> list[RequestOutput]:
+        """After a failed step: finish every running request with an error and free the batch."""
+        seqs = list(self.scheduler.running)
+        self.runner.release(list(range(len(seqs))))
+        self.scheduler.retire(seqs)
+        outs = []
+        for seq in seqs:
+            seq.finish("error")
+            outs.append(self._output(seq, [], "", error=error))
+        return outs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return []
+        logits, stats = self.runner.run(seqs, is_prefill)  # [B, V] last-position logits
+        token_ids = self.sampler(logits, seqs)
+        self.stats.record(stats)
+        return self.postprocess(seqs, token_ids, logits, stats)
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int], logits: torch.Tensor,
+                    stats: StepStats) -> list[RequestOutput]:
+        outputs = []
+        for b, (seq, tok) in enumerate(zip(seqs, token_ids)):
+            if stats.is_prefill and seq.params.max_tokens == 0:  # echo-only scoring request
+                seq.finish("length")
+                outputs.append(self._output(seq, [], ""))
+                continue
+            seq.output_ids.append(tok)
+            if seq.params.logprobs is not None:
+                seq.new_logprobs += token_logprobs(logits[b:b + 1], [tok], seq.params.logprobs)
+            if not stats.is_prefill:
+                seq.num_decode_steps += 1
+                seq.experts_executed_sum += stats.mean_executed
+                seq.experts_routed_sum += stats.mean_routed
+            reason = self._finish_reason(seq, tok)
+            delta = seq.detokenizer.update(seq.output_ids, final=reason is not None)
+            if seq.detokenizer.stopped:
+                reason = "stop"
+            if reason is not None:
+                seq.finish(reason)
+            outputs.append(self._output(seq, [tok], delta))
+        finished = [b for b, s in enumerate(self.scheduler.running) if s.is_finished]
+        if finished:
+            self.runner.release(finished)
+            self.scheduler.retire([self.scheduler.running[b] for b in finished])
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        if tok in self.eos_ids and not seq.params.ignore_eos:
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, new_ids: list[int], text: str, error: str | None = None):
+        executed, routed = seq.mean_experts()
+        logprobs, seq.new_logprobs = (seq.new_logprobs if seq.params.logprobs is not None else None), []
+        prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+        return RequestOutput(
+            request_id=seq.request_id, token_ids=new_ids, text=text, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, finished=seq.is_finished,
+            finish_reason=seq.finish_reason, num_prompt_tokens=len(seq.prompt_ids),
+            num_output_tokens=len(seq.output_ids), budget=min(seq.budget, self.num_experts),
+            experts_per_layer=executed, experts_per_layer_routed=routed, error=error)
+
+    # ---- offline use -------------------------------------------------------------------------
+    def generate(self, prompts: list[str | list[int]], params, budget: int | None = None):
+        """Run prompts to completion; returns {request_id: (token ids, text, last output)} in order."""
+        rids = [self.add_request(p, params, budget) for p in prompts]
+        results = {rid: ([], []) for rid in rids}
+        last = {}
+        while self.has_unfinished():
+            for out in self.step():
+                results[out.request_id][0].extend(out.token_ids)
+                results[out.request_id][1].append(out.text)
+                last[out.request_id] = out
+        return [(results[r][0], "".join(results[r][1]), last[r]) for r in rids]

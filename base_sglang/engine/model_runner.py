@@ -1,0 +1,100 @@
+"""Runs the transformers model for a prefill batch (dense) or a decode batch (BASE selection)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from ..core import Predictor, SelectionConfig
+from .config import EngineConfig
+from .kv_cache import BatchKVCache
+from .loader import load_model, resolve_device, resolve_dtype
+from .moe_hook import MoEPatch, decode_step
+from .sampler import token_logprobs
+from .sequence import Sequence
+from .stats import StepStats
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model, self.tokenizer = load_model(config.model, self.device, self.dtype)
+        predictor = None
+        if config.predictor_path is not None:
+            predictor = Predictor.load(config.predictor_path, device=self.device)
+        selection = SelectionConfig(policy=config.policy)
+        if selection.needs_stats is not None and predictor is None:
+            raise ValueError(f"predictor: policy {config.policy!r} needs a predictor file; none at "
+                             f"{config.model}/predictor.safetensors (pass --predictor or --policy)")
+        self.predictor = predictor
+        self.patch = MoEPatch(self.model, selection, predictor)
+        self.num_experts = self.patch.num_experts
+        self.moe_layers = sorted(self.patch.blocks)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.kv = BatchKVCache()
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> tuple[torch.Tensor, StepStats]:
+        """Forward one batch; returns last-position logits [B, V] and the step's statistics."""
+        t0 = time.perf_counter()
+        if is_prefill:
+            logits = self.prefill(seqs)
+            stats = StepStats(True, len(seqs), sum(len(s.prompt_ids) for s in seqs),
+                              time.perf_counter() - t0)
+            return logits, stats
+        logits, step = self.decode(seqs)
+        return logits, self._decode_stats(seqs, step, time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Dense forward of the new prompts, left-padded; their KV rows join the batch cache."""
+        L = max(len(s.prompt_ids) for s in seqs)
+        pads = [L - len(s.prompt_ids) for s in seqs]
+        ids = torch.tensor([[self.pad_id] * p + s.prompt_ids for p, s in zip(pads, seqs)],
+                           device=self.device)  # [b, L]
+        mask = (torch.arange(L, device=self.device)[None, :]
+                >= torch.tensor(pads, device=self.device)[:, None]).long()  # [b, L]
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)  # [b, L]
+        want_prompt = [s for s in seqs if s.params.prompt_logprobs is not None]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         past_key_values=DynamicCache(), use_cache=True,
+                         logits_to_keep=0 if want_prompt else 1)
+        for b, seq in enumerate(seqs):
+            if seq.params.prompt_logprobs is not None:
+                seq.prompt_logprobs = [None] + token_logprobs(
+                    out.logits[b, pads[b]:L - 1], seq.prompt_ids[1:], seq.params.prompt_logprobs)
+        self.kv.merge(out.past_key_values, pads)
+        return out.logits[:, -1]  # [b, V]
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]):
+        """One token per running request, every MoE layer under its batch's budgets."""
+        assert len(seqs) == self.kv.num_rows, "running requests and KV rows out of step"
+        ids = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
+        pos = torch.tensor([[s.num_tokens - 1] for s in seqs], device=self.device)  # [B, 1]
+        budget = torch.tensor([s.budget for s in seqs], device=self.device)  # [B]
+        mask = self.kv.attention_mask(1, self.device)  # [B, S + 1]
+        self.kv.snapshot()
+        try:
+            with decode_step(budget) as step:
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                 past_key_values=self.kv.cache, use_cache=True, logits_to_keep=1)
+        except BaseException:
+            self.kv.restore()
+            raise
+        return out.logits[:, -1], step  # [B, V]
+
+    def release(self, rows: list[int]) -> None:
+        self.kv.release(rows)
+
+    def _decode_stats(self, seqs, step, duration: float) -> StepStats:
+        E = self.num_experts
+        budgets = tuple(min(s.budget, E) for s in seqs)
+        per_layer = [step.stats[layer] for layer in self.moe_layers if layer in step.stats]
+        routed = torch.stack([s.num_union for s in per_layer]).tolist() if per_layer else []
+        kept = torch.stack([s.num_kept for s in per_layer]).tolist() if per_layer else []
+        removed = float(sum(s.removed_cost for s in per_layer)) if per_layer else 0.0
+        return StepStats(False, len(seqs), len(seqs), duration, budgets, max(budgets),
+                         tuple(routed), tuple(kept), removed)

@@ -1,0 +1,57 @@
+"""The native backend: LLMEngine (transformers model + BASE) behind AsyncLLMEngine's thread loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from base_sglang.server.deps import parse_budget
+
+from base_sglang.engine import AsyncLLMEngine, EngineConfig, LLMEngine
+
+
+class NativeBackend:
+    def __init__(self, engine: LLMEngine, name: str):
+        self.engine = engine
+        self.async_engine = AsyncLLMEngine(engine)
+        self.name = name
+        self.num_experts = engine.num_experts
+        self.max_model_len = engine.max_model_len
+        self.policy = engine.config.policy
+        self.tokenizer = engine.tokenizer
+
+    async def start(self) -> None:
+        self.async_engine.start()
+
+    async def stop(self) -> None:
+        self.async_engine.stop()
+
+    def generate(self, prompt_ids, params, budget, request_id):
+        return self.async_engine.generate(prompt_ids, params, budget, request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.async_engine.abort(request_id)
+
+    def stats(self) -> dict:
+        sched = self.engine.scheduler
+        return {"num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting),
+                "engine": self.engine.stats}
+
+
+def engine_config(settings) -> EngineConfig:
+    model = Path(settings.model)
+    if not (model / "config.json").is_file():
+        hint = ("the embedded proxy model is not installed at this path"
+                if Path(settings.model).resolve() == Path(EngineConfig.model).resolve()
+                else "no Hugging Face checkpoint (config.json) there")
+        raise FileNotFoundError(f"model: {model} not found ({hint}); pass --model PATH "
+                                f"(or set BASE_MODEL) to a local MoE checkpoint directory")
+    budget = parse_budget(settings.default_budget, "default_budget")
+    return EngineConfig(model=str(model), predictor=settings.predictor, policy=settings.policy,
+                        default_budget=budget, max_running_requests=settings.max_running_requests,
+                        max_waiting_requests=settings.max_waiting_requests, device=settings.device,
+                        dtype=settings.dtype)
+
+
+def create_backend(settings) -> NativeBackend:
+    engine = LLMEngine(engine_config(settings))
+    return NativeBackend(engine, settings.served_model_name or Path(settings.model).name)
