@@ -1,0 +1,162 @@
+"""MoE layer latency on the GPU: dense vs BASE(M), next to the byte floor and SGLang's Triton fused MoE.
+
+    python benchmarks/bench_fused_moe.py --out benchmarks/results [--sglang-root /tmp/sglang_whl]
+For each shape (kernel_common.SHAPES), decode batch T and budget M: BASE selection (Triton) picks the
+executed ids from skewed synthetic routing (kernel_common.make_routing); then
+  ours_us    base_sglang.kernels.fused_moe (align + 2 GEMMs + combine), config tuned in this run
+  sglang_us  SGLang 0.5.23's Triton MoE (sglang_triton_moe.py: its tuned H200 config, align excluded)
+  floor_us   experts read x bytes per expert / device copy bandwidth measured in this run
+Times: median of CUDA-graph replays of 10 calls, rotating over 3 copies of the weights so consecutive
+calls never hit L2. Writes fused_moe.csv/.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
+from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
+from kernel_common import (  # noqa: E402
+    DEVICE,
+    SHAPES,
+    copy_bandwidth_gbs,
+    graph_time_us,
+    make_experts,
+    make_routing,
+    provenance,
+    write_rows,
+)
+
+from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
+
+COPIES = 3
+UP_CANDIDATES = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
+                 GemmConfig(16, 128, 4, 4), GemmConfig(64, 64, 4, 4)]
+DOWN_CANDIDATES = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
+                   GemmConfig(64, 256, 4, 3), GemmConfig(64, 64, 4, 4)]
+
+
+def budgets_for(E: int, K: int) -> list[int]:
+    ms = [m for m in (8, 10, 12, 16, 24, 32) if m < E]
+    return ms or [m for m in (K, K + 2, E - 2) if 0 < m < E]  # Mixtral-like E=8: M in {2, 4, 6}
+
+
+def rotating(fn_i):
+    state = [0]
+
+    def fn():
+        i = state[0] % COPIES
+        state[0] += 1
+        return fn_i(i)
+    return fn
+
+
+def tune(hidden, ids, w, gus, dns, base: MoeConfig) -> tuple[MoeConfig, float]:
+    """Pick the up config (down fixed), then the down config, by graph-replay time."""
+    def t(cfg):
+        return graph_time_us(rotating(lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)),
+                             inner=5, reps=7)
+    best = min((dataclasses.replace(base, up=u) for u in UP_CANDIDATES), key=t)
+    best = min((dataclasses.replace(best, down=d) for d in DOWN_CANDIDATES), key=t)
+    return best, t(best)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,8,16,32,64,128")
+    ap.add_argument("--sglang-root", default="", help="unpacked sglang 0.5.23 wheel (optional)")
+    ap.add_argument("--no-tune", action="store_true")
+    args = ap.parse_args()
+    tokens = [int(x) for x in args.tokens.split(",")]
+    sgl = None
+    if args.sglang_root:
+        try:
+            from sglang_triton_moe import SglangMoe
+
+            sgl = SglangMoe(args.sglang_root)
+        except Exception:
+            traceback.print_exc()
+    bw = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bw:.0f} GB/s (read + write)", flush=True)
+    rows: list[dict] = []
+    configs: dict = {}
+    meta = provenance({"tokens": tokens, "copies": COPIES, "skew": "N(0,1) per-expert logit bias",
+                       "timing": "CUDA graph of 10 calls, median of 15 replays",
+                       "copy_bw_gbs": bw, "sglang": bool(sgl)})
+    out_csv = os.path.join(args.out, "fused_moe.csv")
+    hdr = f"{'shape':14} {'T':>4} {'M':>6} {'read':>4} {'floor':>8} {'ours':>8} {'x floor':>7} {'sglang':>8} {'ours/sgl':>8}"
+    print(hdr, flush=True)
+    for shape in args.shapes.split(","):
+        s = SHAPES[shape]
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        expert_bytes = 3 * H * I * 2  # gate, up, down in bf16
+        weights = [make_experts(E, H, I, seed=c) for c in range(COPIES)]
+        gus, dns = [g for g, _ in weights], [d for _, d in weights]
+        g = torch.Generator().manual_seed(7)
+        pred = Predictor(meta=PredictorMeta("synthetic", "synthetic", 1, [0], H, E, K),
+                         weight=torch.randn(1, E, H, generator=g) * 0.02,
+                         bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+        for T in tokens:
+            try:
+                r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+                hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+                union = int(torch.unique(r.ids).numel())
+                sel = {}
+                for M in budgets_for(E, K) + [E]:
+                    out = base_select_experts(r.logits, r.ids, r.weights, hidden,
+                                              torch.full((T,), M, device=DEVICE), 0,
+                                              SelectionConfig(policy="base"), pred,
+                                              norm_topk_prob=s["norm_topk_prob"])
+                    sel[M] = (out.ids, out.weights)
+                cfg_dense = cfg_base = default_config(T, E, K)
+                if not args.no_tune:
+                    cfg_dense, _ = tune(hidden, r.ids, r.weights, gus, dns, cfg_dense)
+                    m_mid = budgets_for(E, K)[len(budgets_for(E, K)) // 2]
+                    cfg_base, _ = tune(hidden, *sel[m_mid], gus, dns, cfg_base)
+                configs[f"{shape}/T={T}"] = {"dense": dataclasses.asdict(cfg_dense),
+                                             "base": dataclasses.asdict(cfg_base)}
+                scfg = sgl.config(T, E, H, I, K) if sgl else None
+                for M, (ids, w) in sel.items():
+                    dense = M >= E
+                    cfg = cfg_dense if dense else cfg_base
+                    n_read = int(torch.unique(ids[ids >= 0]).numel())
+                    floor_us = n_read * expert_bytes / (bw * 1e9 / 2) * 1e6  # read-only bytes at copy rate
+                    ours = graph_time_us(rotating(
+                        lambda i, x=hidden, ids=ids, w=w, cfg=cfg, gu=gus, dn=dns: fused_moe(x, ids, w, gu[i], dn[i], config=cfg)))
+                    row = dict(shape=shape, T=T, M="dense" if dense else M, union=union,
+                               experts_read=n_read, floor_us=round(floor_us, 2),
+                               ours_us=round(ours, 2), ours_over_floor=round(ours / floor_us, 3))
+                    if sgl:
+                        aligned = sgl.align(ids, E, scfg["BLOCK_SIZE_M"])
+                        y_s = sgl.forward(hidden, gus[0], dns[0], w, ids, scfg, aligned)
+                        y_o = fused_moe(hidden, ids, w, gus[0], dns[0], config=cfg)
+                        diff = ((y_s.float() - y_o.float()).norm() / y_o.float().norm()).item()
+                        t_s = graph_time_us(rotating(
+                            lambda i, x=hidden, ids=ids, w=w, al=aligned, c=scfg, gu=gus, dn=dns: sgl.forward(x, gu[i], dn[i], w, ids, c, al)))
+                        row.update(sglang_us=round(t_s, 2), ours_over_sglang=round(ours / t_s, 3),
+                                   rel_diff_vs_sglang=f"{diff:.1e}", sglang_config=scfg["_source"])
+                    rows.append(row)
+                    print(f"{shape:14} {T:>4} {row['M']!s:>6} {n_read:>4} {floor_us:>8.1f} {ours:>8.1f} "
+                          f"{ours / floor_us:>7.2f} {row.get('sglang_us', float('nan')):>8.1f} "
+                          f"{row.get('ours_over_sglang', float('nan')):>8.2f}", flush=True)
+                write_rows(out_csv, rows, {**meta, "configs": configs})
+            except Exception:
+                traceback.print_exc()
+        weights = gus = dns = None  # free before the next shape
+        torch.cuda.empty_cache()
+    write_rows(out_csv, rows, {**meta, "configs": configs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""GPU-only correctness checks for base_sglang.kernels at real shapes (run through the device tool).
+
+    python benchmarks/check_kernels_gpu.py [--out DIR]
+1. base_select_experts == core select_experts (policy base): ids exact, weights |diff| <= 1e-5,
+   stats; Qwen3/OLMoE/Mixtral shapes, T in {1, 16, 64, 128}, uniform/mixed/padded/dense budgets,
+   M < K, int32 and int64 ids, renorm native/never, backfill on/off.
+2. CUDA graph: selection + fused MoE captured once, replayed with changed budgets == eager (bitwise).
+3. Dropped experts' weights set to NaN: fused MoE output finite and equal to the reference.
+4. fused_moe vs an fp32 reference (dense routing) at the three shapes; run-to-run bitwise equal.
+Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from kernel_common import DEVICE, SHAPES, make_experts, make_routing  # noqa: E402
+
+from base_sglang.core import (  # noqa: E402
+    Predictor,
+    PredictorMeta,
+    SelectionConfig,
+    moe_forward_ref,
+    select_experts,
+)
+
+RESULTS: list[dict] = []
+
+
+def record(name: str, ok: bool, **info) -> None:
+    RESULTS.append({"check": name, "ok": bool(ok), **info})
+    print(f"{'PASS' if ok else 'FAIL'} {name} {json.dumps(info, default=str)}", flush=True)
+
+
+def make_predictor(E: int, H: int, seed: int = 0) -> Predictor:
+    g = torch.Generator().manual_seed(seed)
+    meta = PredictorMeta(architecture="synthetic", model_id="synthetic", num_layers=1,
+                         moe_layers=[0], hidden_size=H, num_experts=E, top_k=0)
+    return Predictor(meta=meta, weight=torch.randn(1, E, H, generator=g) * 0.02,
+                     bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+
+
+def budgets(T: int, E: int, K: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(T)
+    mixed = torch.randint(max(K // 2, 1), E, (T,), generator=g)
+    padded = mixed.clone()
+    padded[::3] = -1
+    out = {"uniform_M10": torch.full((T,), min(10, E - 1)), "M_lt_K": torch.full((T,), max(K // 2, 1)),
+           "mixed": mixed, "padded": padded, "dense_row": torch.where(torch.arange(T) == 0, E, 3)}
+    return {k: v.to(DEVICE) for k, v in out.items()}
+
+
+def check_selection() -> None:
+    for shape, s in SHAPES.items():
+        E, K, H = s["E"], s["K"], s["H"]
+        pred = make_predictor(E, H)
+        for T in ((1, 16, 64, 128) if DEVICE == "cuda" else (1, 5)):
+            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+            bad = []
+            for bname, bud in budgets(T, E, K).items():
+                for dt in (torch.int32, torch.int64):
+                    for renorm in ("native", "never"):
+                        for backfill in (True, False):
+                            cfg = SelectionConfig(policy="base", renorm=renorm, backfill=backfill)
+                            args = (r.logits, r.ids.to(dt), r.weights, hidden, bud, 0, cfg, pred)
+                            ref = select_experts(*args, norm_topk_prob=s["norm_topk_prob"])
+                            got = base_select_experts(*args, norm_topk_prob=s["norm_topk_prob"])
+                            ok = (torch.equal(ref.ids, got.ids) and ref.ids.dtype == got.ids.dtype
+                                  and (ref.weights - got.weights).abs().max().item() <= 1e-5
+                                  and int(ref.stats.num_union) == int(got.stats.num_union)
+                                  and int(ref.stats.num_kept) == int(got.stats.num_kept))
+                            if not ok:
+                                bad.append((bname, str(dt), renorm, backfill,
+                                            int((ref.ids != got.ids).any(1).sum())))
+            record(f"selection/{shape}/T={T}", not bad, cases=5 * 8, failures=bad[:4])
+
+
+def check_graph() -> None:
+    s = SHAPES["qwen3-30b-a3b"]
+    E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+    T = 16
+    pred = make_predictor(E, H)
+    gate_up, down = make_experts(E, H, I, seed=1)
+    r = make_routing(T, E, K, True, seed=3)
+    hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+    cfg = SelectionConfig(policy="base")
+    budget = torch.full((T,), 10, dtype=torch.int64, device=DEVICE)  # static buffer
+
+    def step():
+        sel = base_select_experts(r.logits, r.ids, r.weights, hidden, budget, 0, cfg, pred)
+        return sel.ids, sel.weights, fused_moe(hidden, sel.ids, sel.weights, gate_up, down)
+
+    trials = {"M8": torch.full((T,), 8), "M16": torch.full((T,), 16),
+              "mixed_padded": torch.tensor([-1, 4, 12, 30] * 4), "dense": torch.full((T,), E)}
+    eager = {}
+    for name, b in trials.items():
+        budget.copy_(b)
+        eager[name] = [x.clone() for x in step()]
+    budget.fill_(10)
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        step()
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    for name, b in trials.items():
+        budget.copy_(b)
+        g.replay()
+        torch.cuda.synchronize()
+        same = all(torch.equal(a, e) for a, e in zip(static, eager[name]))
+        nk = int((torch.zeros(E, dtype=torch.bool, device=DEVICE)
+                  .scatter_(0, static[0][static[0] >= 0].long(), True)).sum())
+        record(f"graph_replay/{name}", same, experts_kept=nk)
+
+
+def check_nan_dropped() -> None:
+    for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
+        s = SHAPES[shape]
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        T = 16
+        pred = make_predictor(E, H)
+        gate_up, down = make_experts(E, H, I, seed=2)
+        r = make_routing(T, E, K, s["norm_topk_prob"], seed=5)
+        hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+        sel = base_select_experts(r.logits, r.ids, r.weights, hidden,
+                                  torch.full((T,), 10, device=DEVICE), 0,
+                                  SelectionConfig(policy="base"), pred,
+                                  norm_topk_prob=s["norm_topk_prob"])
+        kept = torch.zeros(E, dtype=torch.bool, device=DEVICE)
+        kept[sel.ids[sel.ids >= 0].long()] = True
+        ref = moe_forward_ref(hidden.float(), sel.ids.long(), sel.weights.float(),
+                              gate_up.float(), down.float())
+        gu_nan, dn_nan = gate_up.clone(), down.clone()
+        gu_nan[~kept] = float("nan")
+        dn_nan[~kept] = float("nan")
+        y = fused_moe(hidden, sel.ids, sel.weights, gu_nan, dn_nan).float()
+        rel = ((y - ref).norm() / ref.norm()).item()
+        record(f"nan_dropped/{shape}", bool(torch.isfinite(y).all()) and rel < 1e-2,
+               kept=int(kept.sum()), rel_err_vs_fp32=rel)
+
+
+def check_fused_moe() -> None:
+    for shape, s in SHAPES.items():
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        gate_up, down = make_experts(E, H, I, seed=4)
+        for T in ((1, 16, 128) if DEVICE == "cuda" else (1, 5)):
+            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+            ids = r.ids.clone()
+            ids[0, -1] = -1  # one dropped slot
+            y1 = fused_moe(hidden, ids, r.weights, gate_up, down)
+            y2 = fused_moe(hidden, ids.long(), r.weights, gate_up, down)
+            ref = moe_forward_ref(hidden.float(), ids.long(), r.weights, gate_up.float(),
+                                  down.float())
+            rel = ((y1.float() - ref).norm() / ref.norm()).item()
+            record(f"fused_moe/{shape}/T={T}", rel < 1e-2 and torch.equal(y1, y2),
+                   rel_err_vs_fp32=rel, deterministic=torch.equal(y1, y2))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe]
+    if DEVICE != "cuda":  # CPU dry run: no graphs
+        checks.remove(check_graph)
+    for fn in checks:
+        try:
+            fn()
+        except Exception as e:  # keep going: report every section
+            traceback.print_exc()
+            record(fn.__name__, False, error=repr(e))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "checks.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu",
+                   "commit": os.environ.get("BASE_COMMIT", "unknown"), "checks": RESULTS}, f, indent=1)
+    failed = [r["check"] for r in RESULTS if not r["ok"]]
+    print(f"{len(RESULTS) - len(failed)}/{len(RESULTS)} checks passed; failed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

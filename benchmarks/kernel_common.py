@@ -1,0 +1,120 @@
+"""Shared setup for the kernel checks and benchmarks: shapes, synthetic routing, timing, provenance."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+# MoE layer shapes (H hidden, I expert intermediate, E experts, K top-k); bf16 weights
+SHAPES = {
+    "qwen3-30b-a3b": dict(H=2048, I=768, E=128, K=8, norm_topk_prob=True),
+    "olmoe-1b-7b": dict(H=2048, I=1024, E=64, K=8, norm_topk_prob=False),
+    "mixtral-8x7b": dict(H=4096, I=14336, E=8, K=2, norm_topk_prob=True),
+}
+# BASE_TINY=1: tiny stand-ins with the same E/K structure, to dry-run the scripts on the CPU
+# interpreter (TRITON_INTERPRET=1) before spending device time
+if os.environ.get("BASE_TINY"):
+    SHAPES = {k: dict(v, H=32, I=16, E=min(v["E"], 12)) for k, v in SHAPES.items()}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SKEW = 1.0  # router logits = N(0, 1) per (token, expert) + a fixed per-expert N(0, SKEW^2) bias
+
+
+@dataclass
+class Routing:
+    logits: torch.Tensor  # [T, E] fp32
+    ids: torch.Tensor  # [T, K] int32
+    weights: torch.Tensor  # [T, K] fp32
+
+
+def make_routing(T: int, E: int, K: int, norm_topk_prob: bool, seed: int = 0,
+                 device: str = DEVICE) -> Routing:
+    """Synthetic skewed routing: softmax top-k of N(0,1) logits plus a fixed per-expert bias."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bias = torch.randn(E, generator=g) * SKEW  # [E] popularity skew, fixed per shape
+    logits = (torch.randn(T, E, generator=g) + bias).to(device)  # [T, E]
+    p = torch.softmax(logits, -1)
+    w, ids = p.topk(K, -1)  # [T, K]
+    if norm_topk_prob:
+        w = w / w.sum(-1, keepdim=True)
+    return Routing(logits, ids.int().contiguous(), w.contiguous())
+
+
+def make_experts(E: int, H: int, I: int, seed: int = 0, device: str = DEVICE):  # noqa: E741
+    """Random bf16 expert weights in transformers 5 layout: gate_up [E, 2I, H], down [E, H, I]."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=device) * H ** -0.5).bfloat16()
+    down = (torch.randn(E, H, I, generator=g, device=device) * I ** -0.5).bfloat16()
+    return gate_up, down
+
+
+def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
+    """Median time of one fn() call in microseconds, replaying a CUDA graph of `inner` calls."""
+    if DEVICE == "cpu":  # dry run only: wall clock of one call
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / inner)
+    del g
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth, (bytes read + bytes written) / time, GB/s."""
+    if DEVICE == "cpu":
+        nbytes = 1 << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE).random_()
+    dst = torch.empty_like(src)
+    us = graph_time_us(lambda: dst.copy_(src), inner=3, reps=10)
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def provenance(settings: dict) -> dict:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "commit": os.environ.get("BASE_COMMIT", "unknown"),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "settings": settings,
+    }
+
+
+def write_rows(path: str, rows: list[dict], meta: dict) -> None:
+    """CSV (one row per measurement, provenance columns appended) + a JSON sidecar with the meta."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if rows:
+        cols = list(rows[0]) + ["gpu", "commit"]
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, "gpu": meta["gpu"], "commit": meta["commit"]})
+    with open(os.path.splitext(path)[0] + ".json", "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=1)
