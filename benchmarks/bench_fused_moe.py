@@ -38,10 +38,8 @@ from kernel_common import (  # noqa: E402
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
 
 COPIES = 3
-UP_CANDIDATES = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
-                 GemmConfig(16, 128, 4, 4), GemmConfig(64, 64, 4, 4)]
-DOWN_CANDIDATES = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
-                   GemmConfig(64, 256, 4, 3), GemmConfig(64, 64, 4, 4)]
+UP_CANDIDATES = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(16, 256, 4, 3)]
+DOWN_CANDIDATES = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3)]
 
 
 def budgets_for(E: int, K: int) -> list[int]:

@@ -62,7 +62,7 @@ def check_selection() -> None:
     for shape, s in SHAPES.items():
         E, K, H = s["E"], s["K"], s["H"]
         pred = make_predictor(E, H)
-        for T in ((1, 16, 64, 128) if DEVICE == "cuda" else (1, 5)):
+        for T in ((1, 16, 128) if DEVICE == "cuda" else (1, 5)):
             r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
             hidden = torch.randn(T, H, device=DEVICE).bfloat16()
             bad = []

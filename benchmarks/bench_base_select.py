@@ -1,0 +1,107 @@
+"""BASE scoring + selection time per MoE layer on the GPU, alone and as a share of the dense MoE layer.
+
+    python benchmarks/bench_base_select.py --out benchmarks/results
+Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 16 (M = 4 for E = 8):
+  score_us    base_score (routed predictor rows, cost per pair)
+  select_us   base_select (batch score, top-M, backfill, weights)
+  triton_us   base_select_experts = both launches (what an engine calls)
+  torch_us    base_sglang.core.select_experts on the same GPU (the pure-torch path), for reference
+  dense_us    dense MoE layer time from fused_moe.json in --out (ours and SGLang's, best of both),
+              else our fused_moe measured here with its default config
+Writes base_select.csv/.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from base_sglang.kernels import base_score, base_select, base_select_experts, fused_moe  # noqa: E402
+from kernel_common import (  # noqa: E402
+    DEVICE,
+    SHAPES,
+    graph_time_us,
+    make_experts,
+    make_routing,
+    provenance,
+    write_rows,
+)
+
+from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, select_experts  # noqa: E402
+
+
+def dense_times(out_dir: str) -> dict:
+    """(shape, T) -> min(ours dense, sglang dense) from a fused_moe.json written in the same run."""
+    path = os.path.join(out_dir, "fused_moe.json")
+    if not os.path.exists(path):
+        return {}
+    rows = json.load(open(path))["rows"]
+    return {(r["shape"], r["T"]): min(r["ours_us"], r.get("sglang_us", float("inf")))
+            for r in rows if r["M"] == "dense"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,8,16,32,64,128")
+    args = ap.parse_args()
+    known = dense_times(args.out)
+    rows = []
+    meta = provenance({"tokens": args.tokens, "budget": "M=16 (M=4 for E=8)",
+                       "timing": "CUDA graph of 10 calls, median of 15 replays",
+                       "dense_source": "fused_moe.json (same run)" if known else "fused_moe here"})
+    print(f"{'shape':14} {'T':>4} {'score':>7} {'select':>7} {'triton':>7} {'torch':>7} "
+          f"{'dense':>8} {'share':>6}", flush=True)
+    for shape in args.shapes.split(","):
+        s = SHAPES[shape]
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        M = 16 if E > 16 else 4
+        g = torch.Generator().manual_seed(7)
+        pred = Predictor(meta=PredictorMeta("synthetic", "synthetic", 1, [0], H, E, K),
+                         weight=torch.randn(1, E, H, generator=g) * 0.02,
+                         bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+        a, b = pred.weight[0], pred.bias[0]
+        cfg = SelectionConfig(policy="base")
+        experts = None
+        for T in [int(x) for x in args.tokens.split(",")]:
+            try:
+                r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+                x = torch.randn(T, H, device=DEVICE).bfloat16()
+                bud = torch.full((T,), M, device=DEVICE)
+                cost = base_score(x, r.ids, r.weights, bud, a, b)
+                score_us = graph_time_us(lambda: base_score(x, r.ids, r.weights, bud, a, b, out=cost))  # noqa: B023
+                select_us = graph_time_us(lambda: base_select(cost, r.ids, r.weights, r.logits, bud))  # noqa: B023
+                args_ = (r.logits, r.ids, r.weights, x, bud, 0, cfg, pred)
+                kw = dict(norm_topk_prob=s["norm_topk_prob"])
+                triton_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                torch_us = graph_time_us(lambda: select_experts(*args_, **kw))  # noqa: B023
+                dense = known.get((shape, T))
+                if dense is None:
+                    if experts is None:
+                        experts = make_experts(E, H, I)
+                    gu, dn = experts
+                    dense = graph_time_us(lambda: fused_moe(x, r.ids, r.weights, gu, dn))  # noqa: B023
+                share = triton_us / dense
+                rows.append(dict(shape=shape, T=T, M=M, score_us=round(score_us, 2),
+                                 select_us=round(select_us, 2), triton_us=round(triton_us, 2),
+                                 torch_us=round(torch_us, 2), dense_moe_us=round(dense, 2),
+                                 share_of_dense=round(share, 4)))
+                print(f"{shape:14} {T:>4} {score_us:>7.1f} {select_us:>7.1f} {triton_us:>7.1f} "
+                      f"{torch_us:>7.1f} {dense:>8.1f} {share:>6.1%}", flush=True)
+                write_rows(os.path.join(args.out, "base_select.csv"), rows, meta)
+            except Exception:
+                traceback.print_exc()
+        experts = None
+    write_rows(os.path.join(args.out, "base_select.csv"), rows, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
