@@ -102,6 +102,7 @@ def _config(arch, vocab, E, K, layers, H):
     if arch == "mixtral":
         return MixtralConfig(**common, num_local_experts=E, num_experts_per_tok=K)
     if arch == "deepseek_v2":
+        common["num_key_value_heads"] = common["num_attention_heads"]  # MLA: no GQA
         return DeepseekV2Config(**common, moe_intermediate_size=H // 2, n_routed_experts=E,
                                 num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=0,
                                 kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,

@@ -1,0 +1,67 @@
+"""Detokenizer, batched KV cache and sampler filters in isolation."""
+
+import torch
+from transformers import DynamicCache
+
+from base_sglang.engine.detokenizer import Detokenizer
+from base_sglang.engine.kv_cache import BatchKVCache
+from base_sglang.engine.sampler import _filter
+
+
+class CharTokenizer:
+    def decode(self, ids, **kw):
+        return "".join(chr(i) for i in ids)
+
+
+def test_detokenizer_holds_back_a_possible_stop_string():
+    d = Detokenizer(CharTokenizer(), stop=("END",))
+    ids = []
+    deltas = []
+    for ch in "abEN":
+        ids.append(ord(ch))
+        deltas.append(d.update(ids))
+    assert "".join(deltas) == "ab" and not d.stopped  # "EN" might become "END"
+    ids.append(ord("x"))
+    assert d.update(ids) == "ENx"
+    for ch in "yEND":
+        ids.append(ord(ch))
+        d.update(ids)
+    assert d.stopped and d.text == "abENxy"
+
+
+def test_detokenizer_holds_back_incomplete_characters():
+    d = Detokenizer(CharTokenizer())
+    assert d.update([ord("a"), 0xFFFD]) == "a"
+    assert d.update([ord("a"), 0xFFFD], final=True) == "\ufffd"
+
+
+def _cache(lengths, value):
+    """Left-padded cache: row b holds `value + b` in its last lengths[b] columns."""
+    S = max(lengths)
+    k = torch.zeros(len(lengths), 1, S, 2)
+    for b, n in enumerate(lengths):
+        k[b, :, S - n:] = value + b
+    return DynamicCache(ddp_cache_data=[(k.clone(), k.clone())]), [S - n for n in lengths]
+
+
+def test_kv_merge_release_keeps_each_row_right_aligned():
+    kv = BatchKVCache()
+    kv.merge(*_cache([3, 1], 10))
+    kv.merge(*_cache([5], 20))  # longer: the old rows get more padding
+    assert kv.pad == [2, 4, 0] and kv.seq_len == 5
+    keys = kv.cache.layers[0].keys[:, 0, :, 0]
+    assert keys[0].tolist() == [0, 0, 10, 10, 10] and keys[1].tolist() == [0, 0, 0, 0, 11]
+    assert kv.attention_mask(1, "cpu")[1].tolist() == [0, 0, 0, 0, 1, 1]
+    kv.release([2])  # the longest leaves: common padding is trimmed
+    assert kv.pad == [0, 2] and kv.seq_len == 3
+    assert kv.cache.layers[0].keys[:, 0, :, 0].tolist() == [[10, 10, 10], [0, 0, 11]]
+    kv.release([0, 1])
+    assert kv.cache is None and kv.num_rows == 0
+
+
+def test_filter_top_k_and_top_p_per_row():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = _filter(logits, torch.tensor([2, -1]), torch.tensor([1.0, 0.7]))
+    assert torch.isfinite(out).tolist() == [[True, True, False, False], [True, True, False, False]]
+    out = _filter(logits, torch.tensor([-1, 1]), torch.tensor([0.9, 1.0]))
+    assert torch.isfinite(out).tolist() == [[True, True, True, False], [True, False, False, False]]
