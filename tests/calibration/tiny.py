@@ -19,8 +19,13 @@ WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega riv
 
 
 def tiny_config(family: str, vocab: int = 300):
-    from transformers import (DeepseekV2Config, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
-                              Qwen3MoeConfig)
+    from transformers import (
+        DeepseekV2Config,
+        MixtralConfig,
+        OlmoeConfig,
+        Qwen2MoeConfig,
+        Qwen3MoeConfig,
+    )
 
     common = dict(vocab_size=vocab, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
                   max_position_embeddings=256, num_experts_per_tok=2, tie_word_embeddings=False)

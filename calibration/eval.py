@@ -1,0 +1,175 @@
+"""base-eval: quality versus expert budget under batched teacher-forced decoding.
+
+    base-eval --model PATH --predictor FILE --data FILE --batch-size 16 --prefix 64 --steps 64 \
+        --policies base,oracle,gate_sum,frequency,exfold,oea,sere,lynx --out benchmarks/results/NAME
+
+Scores only the evaluation half of the documents (data.py), which base-calibrate never uses. Writes
+NAME.json, NAME.csv and NAME.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from base_sglang.calibration.data import (
+    DEFAULT_EVAL_PERCENT,
+    SPLITS,
+    distinct_batches,
+    read_documents,
+    split_documents,
+    tokenize_documents,
+    windows,
+)
+from base_sglang.calibration.sweep import ALL_POLICIES, NEEDS_PREDICTOR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="base-eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--predictor", default=None, help="predictor file from base-calibrate")
+    p.add_argument("--data", required=True, help="held-out text: .txt or .jsonl")
+    p.add_argument("--out", required=True, help="output path stem (writes .json, .csv, .png)")
+    p.add_argument("--split", default="eval", choices=SPLITS)
+    p.add_argument("--eval-percent", type=int, default=DEFAULT_EVAL_PERCENT)
+    p.add_argument("--batch-size", type=int, default=16, help="decode batch B (rows from different documents)")
+    p.add_argument("--num-batches", type=int, default=4, help="batches of B windows to score")
+    p.add_argument("--prefix", type=int, default=64, help="tokens prefilled densely")
+    p.add_argument("--steps", type=int, default=64, help="decode steps under the policy")
+    p.add_argument("--policies", default=",".join(ALL_POLICIES),
+                   help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
+    p.add_argument("--budgets", type=int, nargs="*", default=None,
+                   help="M / D values (default: k, 1.5k, 2k, 2.5k, 3k, 4k, 5k and half the dense union)")
+    p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"base-eval: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _validate(args) -> list[str]:
+    for name in ("batch_size", "num_batches", "prefix", "steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        if p not in ALL_POLICIES:
+            raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
+        if p in NEEDS_PREDICTOR and not args.predictor:
+            raise ValueError(f"predictor: policy {p!r} needs --predictor (a base-calibrate file)")
+    return policies
+
+
+def run(args) -> int:
+    import torch
+    from base_sglang.calibration.artifact import load_model
+    from base_sglang.calibration.decode_eval import EnergyProbe, run_batch
+    from base_sglang.calibration.report import environment, table, write_outputs
+    from base_sglang.calibration.sweep import (
+        build_settings,
+        check_targets,
+        default_budgets,
+        summarize,
+    )
+    from tqdm.auto import tqdm
+
+    from base_sglang.core import Predictor
+    from base_sglang.core.predictor import describe_model_config
+    from base_sglang.engine.moe_hook import MoEPatch
+
+    policies = _validate(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    predictor = Predictor.load(args.predictor) if args.predictor else None
+    if predictor is not None:
+        if predictor.meta.architecture != model.config.model_type:
+            raise ValueError(f"predictor field 'architecture' = {predictor.meta.architecture!r} but the "
+                             f"model is {model.config.model_type!r}")
+        predictor.validate(model.config)
+        predictor = predictor.to(next(model.parameters()).device)
+    desc = describe_model_config(model.config)
+    E, K = int(desc["num_experts"]), int(desc["top_k"])
+    docs = split_documents(read_documents(args.data), args.split, args.eval_percent)
+    length = args.prefix + args.steps + 1
+    wins = windows(tokenize_documents(tokenizer, docs), length)
+    batches = distinct_batches(wins, args.batch_size, args.num_batches)
+    if not batches:
+        raise ValueError(f"data: fewer than {args.batch_size} documents of the {args.split!r} split have "
+                         f"{length} tokens (prefix + steps + 1); lower --batch-size/--prefix/--steps")
+    dev = next(model.parameters()).device
+    batches = [torch.tensor([w for _, w in b], dtype=torch.long, device=dev) for b in batches]
+
+    patch = MoEPatch(model, build_settings([], E, K, [])[0].config, predictor)
+    probe = None if args.no_energy else EnergyProbe(patch)
+    dense_setting = build_settings([], E, K, [])[0]
+    dense, rows = [], []
+    td = time.time()
+    for b in batches:
+        dense.append(run_batch(model, patch, b, args.prefix, args.steps, dense_setting, probe,
+                               keep_logp=True))
+    rows.append(summarize(dense_setting, dense, dense, time.time() - td))
+    union = rows[0]["union"]
+    budgets = sorted(set(args.budgets)) if args.budgets else default_budgets(E, K, union)
+    if any(not 1 <= m for m in budgets):
+        raise ValueError(f"budgets: must be >= 1, got {budgets}")
+    half_m = max(1, round(union / 2))
+    settings = build_settings(policies, E, K, budgets)[1:]
+    for s in tqdm(settings, desc="settings", disable=args.quiet):
+        ts = time.time()
+        traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
+                  for b, d in zip(batches, dense)]
+        rows.append(summarize(s, traces, dense, time.time() - ts))
+    patch.remove()
+    if probe is not None:
+        probe.remove()
+
+    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None)
+    meta = {
+        "model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name if args.predictor else None,
+        "data": Path(args.data).name, "command": "base-eval " + " ".join(sys.argv[1:]) if argv_is_cli() else "",
+        "settings": {"batch_size": args.batch_size, "num_batches": len(batches), "prefix": args.prefix,
+                     "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
+                     "policies": policies, "budgets": budgets, "device": str(dev),
+                     "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                     "energy_probe": probe is not None, "documents": len(docs)},
+        "num_experts": E, "top_k": K, "dense_union": union, "seconds": round(time.time() - t0, 1),
+        **environment(),
+    }
+    print(table(rows))
+    paths = write_outputs(args.out, rows, meta, checks)
+    print(_checks_text(checks))
+    print("wrote " + ", ".join(str(p) for p in paths) + f" in {time.time() - t0:.0f} s")
+    return 0
+
+
+def argv_is_cli() -> bool:
+    return Path(sys.argv[0]).name in ("base-eval", "eval.py") or sys.argv[0].endswith("eval")
+
+
+def _checks_text(c: dict) -> str:
+    lines = [f"BASE best non-oracle at every matched cost: {c.get('all_base_best_non_oracle')}",
+             f"BASE within 10% of the oracle's increase at every M: {c.get('all_base_within_10pct_of_oracle')}"]
+    if "half_union_M" in c:
+        lines.append(f"half dense union M={c['half_union_M']}: dppl {c['half_union_base_dppl_pct']:.2f}% "
+                     f"(<= 2%: {c['half_union_within_2pct']})")
+    if "predictor_spearman_min" in c:
+        lines.append(f"predictor Spearman (min over layers): {c['predictor_spearman_min']:.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
