@@ -1,0 +1,190 @@
+"""The Dockerfile: hadolint-clean; stages and default target; the GPU base image is the official
+SGLang image of the version pyproject.toml pins; non-root, health-checked, volumes; and every
+command, file and path the images use exists: console scripts and the plugin entry point in
+pyproject.toml, the modules behind them, the base-serve flags, the COPY sources in the build
+context, the router version the router tests ran against."""
+
+import ast
+import importlib.metadata
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from deploy_helpers import (
+    COMPOSE,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    ROOT,
+    dockerfile_stages,
+    dockerignore_patterns,
+    env_of,
+    in_build_context,
+)
+
+RUNTIME_STAGES = ("cpu", "router", "gpu")
+
+
+@pytest.fixture(scope="module")
+def parsed():
+    return dockerfile_stages(DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def stages(parsed):
+    return {s.name: s for s in parsed[1]}
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def option(words: list, flag: str) -> str:
+    return words[words.index(flag) + 1]
+
+
+def test_hadolint_reports_nothing(hadolint_bin):
+    out = subprocess.run([hadolint_bin, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+
+
+def test_hadolint_can_fail(hadolint_bin, tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.12-slim\nRUN pip install requests\n")  # unpinned, cache kept
+    out = subprocess.run([hadolint_bin, "--no-color", str(bad)], capture_output=True, text=True)
+    assert out.returncode != 0 and "DL3013" in out.stdout and "DL3042" in out.stdout
+
+
+def test_stages_and_default_target(parsed):
+    _, stages = parsed
+    assert [s.name for s in stages] == ["wheel", "cpu", "router", "gpu"]  # last = default target
+    assert stages[-1].base == "${SGLANG_IMAGE}"
+    assert stages[0].base == stages[1].base == stages[2].base == "python:${PYTHON_VERSION}-slim"
+
+
+def test_gpu_base_is_the_official_image_of_the_pinned_sglang(parsed, stages, pyproject):
+    args, _ = parsed
+    pins = [r for r in pyproject["project"]["optional-dependencies"]["sglang"] if r.startswith("sglang==")]
+    assert pins == [f"sglang=={args['SGLANG_VERSION']}"]
+    assert args["SGLANG_IMAGE"] == f"lmsysorg/sglang:v{args['SGLANG_VERSION']}-cu130"
+    # the build refuses a base image whose sglang is not the pinned one
+    checks = [i.args for i in stages["gpu"].all("RUN") if "m.version('sglang')" in i.args]
+    assert len(checks) == 1 and "${SGLANG_VERSION}" in checks[0]
+    assert "ARG SGLANG_VERSION" in [f"ARG {i.args}" for i in stages["gpu"].all("ARG")]
+
+
+@pytest.mark.parametrize("name", RUNTIME_STAGES, ids=lambda n: f"stage_{n}")
+def test_runtime_stage_is_non_root_and_health_checked(name, stages, parsed):
+    stage, args = stages[name], parsed[0]
+    user = stage.last("USER").args
+    uid = args["BASE_UID"] if user == "${BASE_UID}" else user
+    assert uid.isdigit() and int(uid) > 0
+    health = stage.last("HEALTHCHECK")
+    assert health.words[0] == "CMD" and health.words[1] == "base-healthcheck"
+    assert {"interval", "timeout", "start-period", "retries"} <= set(health.flags)
+    installed = [i.words for i in stage.all("COPY")]
+    assert ["deploy/healthcheck.py", "/usr/local/bin/base-healthcheck"] in installed
+
+
+@pytest.mark.parametrize("name", ("cpu", "gpu"), ids=lambda n: f"stage_{n}")
+def test_server_stage_volumes_and_caches(name, stages):
+    stage = stages[name]
+    assert stage.last("VOLUME").words == ["/data/huggingface", "/data/predictors"]
+    assert env_of(stage)["HF_HOME"] == "/data/huggingface"
+    assert stage.last("EXPOSE").words == ["8000"]
+
+
+def test_entrypoints(stages):
+    gpu = stages["gpu"].last("ENTRYPOINT").words
+    assert gpu == ["base-serve", "--backend", "sglang", "--host", "0.0.0.0", "--port", "8000"]
+    assert stages["gpu"].last("CMD").words == ["--help"]
+    cpu = stages["cpu"].last("ENTRYPOINT").words
+    assert cpu == ["base-serve", "--host", "0.0.0.0", "--port", "8000"]  # native backend, embedded model
+    assert stages["cpu"].last("CMD").words == []
+    router = stages["router"].last("ENTRYPOINT").words
+    assert router == ["smg", "launch", "--host", "0.0.0.0", "--port", "30000"]
+
+
+def test_console_script_and_plugin_entry_point_exist(stages, pyproject):
+    scripts = pyproject["project"]["scripts"]
+    assert scripts["base-serve"] == "base_sglang.server.__main__:main"
+    plugins = pyproject["project"]["entry-points"]["sglang.srt.plugins"]
+    # SGLANG_PLUGINS whitelists entry-point names: the image enables exactly ours
+    assert list(plugins) == [env_of(stages["gpu"])["SGLANG_PLUGINS"]]
+    for target in (scripts["base-serve"], *plugins.values()):
+        module, func = target.split(":")
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin, f"{module} not found"
+        tree = ast.parse(Path(spec.origin).read_text())
+        names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert func in names, f"{target}: {module} defines no {func}"
+    # and the installed metadata carries them (what `pip install` of the wheel registers)
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="sglang.srt.plugins")}
+    assert installed.get("base") == plugins["base"]
+
+
+def test_base_serve_accepts_the_flags_the_images_and_compose_pass(stages):
+    from base_sglang.server.__main__ import build_parser
+    from base_sglang.server.settings import Settings
+
+    known = {opt for action in build_parser(Settings())._actions for opt in action.option_strings}
+    compose = yaml.safe_load(COMPOSE.read_text())
+    commands = [stages[n].last("ENTRYPOINT").words[1:] for n in ("cpu", "gpu")]
+    commands += [compose["services"][n]["command"] for n in ("replica-0", "replica-tp2-0")]
+    sglang_flags = {"--tp-size", "--moe-runner-backend", "--mem-fraction-static"}
+    for words in commands:
+        flags = {w for w in words if w.startswith("--")}
+        assert flags - sglang_flags <= known, f"base-serve has no {sorted(flags - sglang_flags - known)}"
+    used_sglang = {w for words in commands for w in words if w in sglang_flags}
+    assert used_sglang == sglang_flags
+
+
+def test_sglang_passthrough_flags_exist_in_the_pinned_sglang():
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or importlib.metadata.version("sglang") != "0.5.23":
+        pytest.skip("sglang 0.5.23 not installed")
+    fields = Path(spec.origin).parent / "srt" / "arg_groups" / "fields"
+    source = "\n".join(p.read_text() for p in fields.glob("*.py"))
+    for flag in ("--tp-size", "--moe-runner-backend", "--mem-fraction-static"):
+        field = flag[2:].replace("-", "_")
+        assert re.search(rf"^\s+{field}: A\[", source, re.MULTILINE), f"sglang has no {flag}"
+
+
+def test_copy_sources_exist_and_reach_the_build_context(stages):
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    sources = {w.rstrip("/") for s in stages.values() for i in s.all("COPY") if "from" not in i.flags
+               for w in i.words[:-1]}
+    assert {"pyproject.toml", "README.md", "base_sglang", "deploy/healthcheck.py"} <= sources
+    for src in sorted(sources):
+        assert (ROOT / src).exists(), f"COPY source {src} is missing"
+        files = [f for f in tracked if f == src or f.startswith(src + "/")]
+        assert files, f"COPY source {src} is not tracked by git"
+        for f in files:
+            assert in_build_context(f, patterns), f"{f} (COPY {src}) is excluded by .dockerignore"
+    # and the context holds nothing else of size: no corpus, no .git
+    assert not in_build_context(".corpus/clean/a.jsonl", patterns)
+    assert not in_build_context(".git/HEAD", patterns)
+    assert not in_build_context("base_sglang/__pycache__/x.pyc", patterns)
+
+
+def test_every_package_directory_is_copied(stages, pyproject):
+    copied = {w.rstrip("/") for i in stages["wheel"].all("COPY") for w in i.words[:-1]}
+    package_dirs = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert package_dirs <= copied
+
+
+def test_router_version_is_the_tested_one(parsed):
+    try:
+        installed = importlib.metadata.version("smg")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("smg not installed (the router tests skip too)")
+    assert parsed[0]["SMG_VERSION"] == installed
