@@ -93,12 +93,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES
 # SGLANG_PLUGINS whitelists entry-point names of group sglang.srt.plugins: only our `base` plugin
 RUN python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); \
 sys.exit(0 if v == '${SGLANG_VERSION}' else f'base image has sglang {v}; base-sglang pins ${SGLANG_VERSION}')"
-# dependency layer; the constraints pin every package already in the image (sglang, torch,
-# flashinfer, ...) so nothing there is reinstalled or replaced, only missing ones are added
+# dependency layer: only what the image lacks (--skip-installed: the image's sglang, torch,
+# transformers, ... stay as SGLang pinned them; disagreements are printed), and the constraints
+# keep every installed package from being replaced by a new package's requirements
 COPY pyproject.toml deploy/requirements.py /opt/base/build/
 RUN python3 -m pip list --format=freeze > /opt/base/build/installed.txt \
-    && python3 /opt/base/build/requirements.py --pyproject /opt/base/build/pyproject.toml sglang \
-        > /opt/base/build/requirements.txt \
+    && python3 /opt/base/build/requirements.py --pyproject /opt/base/build/pyproject.toml \
+        --skip-installed sglang > /opt/base/build/requirements.txt \
     && python3 -m pip install --constraint /opt/base/build/installed.txt \
         --requirement /opt/base/build/requirements.txt
 COPY --from=wheel /dist/ /opt/base/dist/

@@ -109,3 +109,15 @@ def test_requirements_cli(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "deploy" / "requirements.py"), "--pyproject", str(py),
                           "server"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["torch>=2.5", "fastapi>=0.110"]
+
+
+def test_skip_installed_keeps_the_image_pins_and_reports_disagreements(tmp_path):
+    # as in the GPU image: numpy and pytest are installed here, the third distribution is not
+    py = tmp_path / "pyproject.toml"
+    py.write_text('[project]\nname = "base-sglang"\ndependencies = ["numpy>=99", "pytest"]\n'
+                  '[project.optional-dependencies]\nx = ["base-sglang-not-installed-dist>=1"]\n')
+    out = subprocess.run([sys.executable, str(ROOT / "deploy" / "requirements.py"), "--pyproject", str(py),
+                          "--skip-installed", "x"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["base-sglang-not-installed-dist>=1"]
+    assert "numpy: keeping the installed" in out.stderr and "asks >=99" in out.stderr
+    assert "pytest" not in out.stderr  # satisfied: nothing to report
