@@ -10,8 +10,9 @@
 #   docker build -t base-sglang:router --target router .
 #
 # sglang 0.5.23 ships CUDA 13 images only (the CUDA 12 lane ended with 0.5.19); cu130 runs on
-# Hopper (sm_90). Override the base with --build-arg SGLANG_IMAGE=...; the build checks that the
-# image's sglang is SGLANG_VERSION, the version pyproject.toml pins.
+# Hopper (sm_90) with an R580+ driver. Override the base with --build-arg SGLANG_IMAGE=... (e.g.
+# the smaller v0.5.23-cu130-runtime); the build checks that the image's sglang is SGLANG_VERSION,
+# the version pyproject.toml pins.
 ARG PYTHON_VERSION=3.12
 ARG SGLANG_VERSION=0.5.23
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-cu130
