@@ -86,7 +86,12 @@ async def collect(request: Request, streams) -> list[Result]:
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.25)
         if done:
-            results = task.result()
+            try:
+                results = task.result()
+            except QueueFull as exc:  # refused by the engine thread after submit (a race)
+                raise APIError(503, f"server busy: {exc}", code="queue_full") from exc
+            except ValueError as exc:
+                raise APIError.from_value_error(exc) from exc
             for res in results:
                 raise_if_failed(res.last)
             return results
@@ -98,6 +103,14 @@ async def collect(request: Request, streams) -> list[Result]:
 def raise_if_failed(out: RequestOutput | None) -> None:
     if out is not None and out.error is not None:
         raise APIError(500, f"the request failed inside the engine: {out.error}", code="engine_error")
+
+
+def error_event(exc: Exception) -> str:
+    """An SSE error event for a stream that already sent its 200 headers."""
+    status = 503 if isinstance(exc, QueueFull) else 400
+    err = APIError(status, str(exc)) if status == 503 else APIError.from_value_error(exc)
+    return sse({"error": {"message": err.message, "type": "invalid_request_error",
+                          "param": err.param, "code": "queue_full" if status == 503 else None}})
 
 
 async def merge(streams) -> AsyncIterator[tuple[int, RequestOutput]]:

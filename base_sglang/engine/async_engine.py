@@ -34,8 +34,8 @@ class AsyncLLMEngine:
 
     @property
     def capacity(self) -> int:
-        cfg = self.engine.config
-        return cfg.max_running_requests + cfg.max_waiting_requests
+        sched = self.engine.scheduler
+        return sched.max_running + sched.max_waiting
 
     def start(self) -> None:
         if self._thread is None:

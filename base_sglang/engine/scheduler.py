@@ -26,7 +26,8 @@ class Scheduler:
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.max_waiting:
+        free_slots = max(0, self.max_running - len(self.running))
+        if len(self.waiting) >= self.max_waiting + free_slots:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
         self.waiting.append(seq)
 

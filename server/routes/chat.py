@@ -16,6 +16,7 @@ from base_sglang.server.errors import APIError
 from base_sglang.server.generation import (
     Result,
     collect,
+    error_event,
     new_id,
     raise_if_failed,
     record,
@@ -39,6 +40,8 @@ from base_sglang.server.schemas import (
 )
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from base_sglang.engine import QueueFull
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 ENDPOINT = "chat"
@@ -75,6 +78,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
 
 
 async def _stream(request, body, backend, rid, stream, budget, started):
+    try:
+        async for event in _events(request, body, backend, rid, stream, budget, started):
+            yield event
+    except (ValueError, QueueFull) as exc:
+        yield error_event(exc)
+    yield sse("[DONE]")
+
+
+async def _events(request, body, backend, rid, stream, budget, started):
     created = int(time.time())
 
     def chunk(delta: ChatDelta, finish=None, logprobs=None, use=None) -> str:
@@ -102,7 +114,6 @@ async def _stream(request, body, backend, rid, stream, budget, started):
     if body.stream_options is not None and body.stream_options.include_usage:
         yield sse(ChatCompletionChunk(id=rid, created=created, model=backend.name, choices=[],
                                       usage=Usage(**usage([res], budget, backend.num_experts))))
-    yield sse("[DONE]")
 
 
 def _render(body: ChatCompletionRequest, tokenizer) -> list[int]:

@@ -15,6 +15,7 @@ from base_sglang.server.errors import APIError
 from base_sglang.server.generation import (
     Result,
     collect,
+    error_event,
     merge,
     new_id,
     raise_if_failed,
@@ -33,6 +34,8 @@ from base_sglang.server.schemas import (
 )
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from base_sglang.engine import QueueFull
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 ENDPOINT = "completions"
@@ -70,6 +73,15 @@ class _Ctx:
 
 
 async def _stream(ctx: _Ctx, streams):
+    try:
+        async for event in _events(ctx, streams):
+            yield event
+    except (ValueError, QueueFull) as exc:
+        yield error_event(exc)
+    yield sse("[DONE]")
+
+
+async def _events(ctx: _Ctx, streams):
     results = [Result() for _ in streams]
     echoed = [False] * len(streams)
     async for i, out in merge(streams):
@@ -100,7 +112,6 @@ async def _stream(ctx: _Ctx, streams):
                                      choices=[],
                                      usage=Usage(**usage(results, ctx.budget,
                                                          ctx.backend.num_experts))))
-    yield sse("[DONE]")
 
 
 def _choice(ctx: _Ctx, i: int, res: Result) -> CompletionChoice:
