@@ -8,7 +8,10 @@ import ast
 import importlib.metadata
 import importlib.util
 import re
+import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -188,3 +191,30 @@ def test_router_version_is_the_tested_one(parsed):
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("smg not installed (the router tests skip too)")
     assert parsed[0]["SMG_VERSION"] == installed
+
+
+def test_the_build_context_builds_a_complete_wheel(tmp_path, pyproject):
+    """What the `wheel` stage does, on exactly the files .dockerignore lets into the context."""
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    context = tmp_path / "context"
+    for f in files:
+        if in_build_context(f, patterns) and (ROOT / f).is_file():
+            (context / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, context / f)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                          "--wheel-dir", str(tmp_path / "dist"), str(context)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("base_sglang-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "base-serve = base_sglang.server.__main__:main" in entry_points
+    assert "[sglang.srt.plugins]\nbase = base_sglang.plugin:register" in entry_points
+    for package in pyproject["tool"]["setuptools"]["packages"]:
+        assert f"{package.replace('.', '/')}/__init__.py" in names, f"{package} missing from the wheel"
+    # package data (the embedded model, when the repository has it) travels in the wheel
+    shipped = [f for f in files if f.startswith("base_sglang/models/") and (ROOT / f).is_file()]
+    assert all(f in names for f in shipped)
