@@ -115,6 +115,11 @@ def test_env_example_documents_every_variable(env):
     assert 1 <= lo <= default <= hi
 
 
+def test_the_real_env_file_is_git_ignored():
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/.env"], cwd=COMPOSE.parents[1])
+    assert ignored.returncode == 0, "deploy/.env (API key) is not in .gitignore"
+
+
 def test_every_service_restarts_and_has_a_healthcheck(raw):
     for name, svc in raw["services"].items():
         assert svc["restart"] == "unless-stopped", name

@@ -176,6 +176,7 @@ def test_copy_sources_exist_and_reach_the_build_context(stages):
     # and the context holds nothing else of size: no corpus, no .git
     assert not in_build_context(".corpus/clean/a.jsonl", patterns)
     assert not in_build_context(".git/HEAD", patterns)
+    assert not in_build_context("deploy/.env", patterns)  # the API key stays out of images
     assert not in_build_context("base_sglang/__pycache__/x.pyc", patterns)
 
 
