@@ -92,6 +92,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES
     HF_HOME=/data/huggingface \
     SGLANG_PLUGINS=base
 # SGLANG_PLUGINS whitelists entry-point names of group sglang.srt.plugins: only our `base` plugin
+# (sglang's dependency smg-grpc-servicer also registers smg-servicer and smg-zmq, hooks for its
+# gRPC mode that HTTP serving does not use)
 RUN python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); \
 sys.exit(0 if v == '${SGLANG_VERSION}' else f'base image has sglang {v}; base-sglang pins ${SGLANG_VERSION}')"
 # dependency layer: only what the image lacks (--skip-installed: the image's sglang, torch,
