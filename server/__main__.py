@@ -29,6 +29,7 @@ FLAGS = {  # field -> help
     "api_key": "require 'Authorization: Bearer KEY' on /v1 routes",
     "device": "auto, cpu or cuda[:N] (native backend)",
     "dtype": "auto, float32, bfloat16 or float16 (native backend)",
+    "num_threads": "torch CPU threads (native backend; default: torch's choice)",
     "log_level": "uvicorn log level",
 }
 
@@ -39,7 +40,7 @@ def build_parser(defaults: Settings) -> argparse.ArgumentParser:
     for name, help_text in FLAGS.items():
         default = getattr(defaults, name)
         kind = type(default) if isinstance(default, int) and not isinstance(default, bool) else None
-        if name in ("max_budget",):
+        if name in ("max_budget", "num_threads"):
             kind = int
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=default,
                        type=kind or str, help=f"{help_text} [default: {default}]")

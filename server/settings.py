@@ -27,4 +27,5 @@ class Settings(BaseSettings):
     api_key: str | None = None
     device: str = "auto"
     dtype: str = "auto"
+    num_threads: int | None = None  # torch CPU threads (native backend)
     log_level: str = "info"

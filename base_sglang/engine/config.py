@@ -24,6 +24,8 @@ class EngineConfig:
     max_prefill_tokens   : padded tokens (rows x longest prompt) admitted in one prefill batch.
     max_model_len   : prompt + output tokens per request; None -> the model's max_position_embeddings.
     device, dtype   : "cpu" / "cuda" / "auto"; "auto" / "float32" / "bfloat16" / "float16".
+    num_threads     : torch CPU threads (None: torch's default). On a busy or small CPU, 1 avoids
+                      OpenMP threads spinning against each other.
     """
 
     model: str = str(DEFAULT_MODEL_DIR)
@@ -37,6 +39,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    num_threads: int | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -48,6 +51,8 @@ class EngineConfig:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests: must be >= 0, got {self.max_waiting_requests}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {self.num_threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

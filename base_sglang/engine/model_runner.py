@@ -19,6 +19,8 @@ from .stats import StepStats
 
 class ModelRunner:
     def __init__(self, config: EngineConfig):
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model, self.tokenizer = load_model(config.model, self.device, self.dtype)

@@ -48,7 +48,7 @@ def create_tokenizer(path: Path, vocab_size: int = 512):
 
 def create_tiny_moe(path: str | Path, arch: str = "qwen3_moe", num_experts: int = 8, top_k: int = 2,
                     num_layers: int = 2, hidden_size: int = 64, seed: int = 0,
-                    with_predictor: bool = True) -> Path:
+                    with_predictor: bool = True, vocab_size: int | None = None) -> Path:
     """Write a tiny random `arch` MoE checkpoint to path; returns path."""
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +58,8 @@ def create_tiny_moe(path: str | Path, arch: str = "qwen3_moe", num_experts: int 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = create_tokenizer(path)
-    config = _config(arch, len(tokenizer), num_experts, top_k, num_layers, hidden_size)
+    vocab = max(vocab_size or 0, len(tokenizer))  # ids past the tokenizer are never sampled much
+    config = _config(arch, vocab, num_experts, top_k, num_layers, hidden_size)
     config.eos_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     config.bos_token_id = None

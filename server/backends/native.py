@@ -49,7 +49,7 @@ def engine_config(settings) -> EngineConfig:
     return EngineConfig(model=str(model), predictor=settings.predictor, policy=settings.policy,
                         default_budget=budget, max_running_requests=settings.max_running_requests,
                         max_waiting_requests=settings.max_waiting_requests, device=settings.device,
-                        dtype=settings.dtype)
+                        dtype=settings.dtype, num_threads=settings.num_threads)
 
 
 def create_backend(settings) -> NativeBackend:
