@@ -4,7 +4,8 @@
 Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 16 (M = 4 for E = 8):
   score_us    base_score (routed predictor rows, cost per pair)
   select_us   base_select (batch score, top-M, backfill, weights)
-  triton_us   base_select_experts = both launches (what an engine calls)
+  triton_us   base_select_experts = both launches (what an engine calls), PDL on (the default);
+              triton_nopdl_us the same with BASE_PDL=0
   torch_us    base_sglang.core.select_experts on the same GPU (the pure-torch path), for reference
   dense_us    dense MoE layer time from fused_moe.json in --out (ours and SGLang's, best of both),
               else our fused_moe measured here with its default config
@@ -81,6 +82,9 @@ def main() -> int:
                 args_ = (r.logits, r.ids, r.weights, x, bud, 0, cfg, pred)
                 kw = dict(norm_topk_prob=s["norm_topk_prob"])
                 triton_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                os.environ["BASE_PDL"] = "0"
+                nopdl_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                os.environ["BASE_PDL"] = "1"
                 torch_us = graph_time_us(lambda: select_experts(*args_, **kw))  # noqa: B023
                 dense = known.get((shape, T))
                 if dense is None:
@@ -91,6 +95,7 @@ def main() -> int:
                 share = triton_us / dense
                 rows.append(dict(shape=shape, T=T, M=M, score_us=round(score_us, 2),
                                  select_us=round(select_us, 2), triton_us=round(triton_us, 2),
+                                 triton_nopdl_us=round(nopdl_us, 2),
                                  torch_us=round(torch_us, 2), dense_moe_us=round(dense, 2),
                                  share_of_dense=round(share, 4)))
                 print(f"{shape:14} {T:>4} {score_us:>7.1f} {select_us:>7.1f} {triton_us:>7.1f} "

@@ -4,8 +4,10 @@
 For each shape (kernel_common.SHAPES), decode batch T and budget M: BASE selection (Triton) picks the
 executed ids from skewed synthetic routing (kernel_common.make_routing); then
   ours_us    base_sglang.kernels.fused_moe (align + 2 GEMMs + combine), config tuned in this run
+             (one config for dense, one for BASE at the middle budget, per shape and T)
   sglang_us  SGLang 0.5.23's Triton MoE (sglang_triton_moe.py: its tuned H200 config, align excluded)
   floor_us   experts read x bytes per expert / device copy bandwidth measured in this run
+             (eager D2D copy, bytes read + written per second)
 Times: median of CUDA-graph replays of 10 calls, rotating over 3 copies of the weights so consecutive
 calls never hit L2. Writes fused_moe.csv/.json under --out.
 """
@@ -38,8 +40,11 @@ from kernel_common import (  # noqa: E402
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
 
 COPIES = 3
-UP_CANDIDATES = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(16, 256, 4, 3)]
-DOWN_CANDIDATES = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3)]
+BM_CANDIDATES = (16, 32, 64)
+UP_CANDIDATES = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(16, 256, 4, 3),
+                 GemmConfig(32, 64, 4, 5), GemmConfig(64, 128, 4, 2)]
+DOWN_CANDIDATES = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
+                   GemmConfig(64, 64, 4, 5), GemmConfig(128, 128, 4, 2)]
 
 
 def budgets_for(E: int, K: int) -> list[int]:
@@ -57,14 +62,25 @@ def rotating(fn_i):
     return fn
 
 
-def tune(hidden, ids, w, gus, dns, base: MoeConfig) -> tuple[MoeConfig, float]:
-    """Pick the up config (down fixed), then the down config, by graph-replay time."""
-    def t(cfg):
+def set_pdl(on: bool) -> None:
+    os.environ["BASE_PDL"] = "1" if on else "0"
+
+
+def tune(hidden, ids, w, gus, dns, base: MoeConfig) -> tuple[MoeConfig, bool]:
+    """Coordinate search by graph-replay time: BLOCK_M, then up, then down, then grid order."""
+    def t(cfg, pdl=True):
+        set_pdl(pdl)
         return graph_time_us(rotating(lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)),
                              inner=5, reps=7)
-    best = min((dataclasses.replace(base, up=u) for u in UP_CANDIDATES), key=t)
+    kept = ids[ids >= 0]
+    max_count = int(torch.bincount(kept.long()).max()) if kept.numel() else 1
+    bms = [bm for bm in BM_CANDIDATES if bm == 16 or bm <= 2 * max_count]
+    best = min((dataclasses.replace(base, block_m=bm) for bm in bms), key=t)
+    best = min((dataclasses.replace(best, up=u) for u in UP_CANDIDATES), key=t)
     best = min((dataclasses.replace(best, down=d) for d in DOWN_CANDIDATES), key=t)
-    return best, t(best)
+    flipped = dataclasses.replace(best, up=dataclasses.replace(best.up, n_fast=True),
+                                  down=dataclasses.replace(best.down, n_fast=True))
+    return min((best, flipped), key=t), True
 
 
 def main() -> int:
@@ -116,24 +132,30 @@ def main() -> int:
                                               SelectionConfig(policy="base"), pred,
                                               norm_topk_prob=s["norm_topk_prob"])
                     sel[M] = (out.ids, out.weights)
-                cfg_dense = cfg_base = default_config(T, E, K)
+                m_mid = budgets_for(E, K)[len(budgets_for(E, K)) // 2]
+                cfg_dense, cfg_base = default_config(T, E, K), default_config(T, E, K, m_mid)
+                pdl_dense = pdl_base = True
                 if not args.no_tune:
-                    cfg_dense, _ = tune(hidden, r.ids, r.weights, gus, dns, cfg_dense)
-                    m_mid = budgets_for(E, K)[len(budgets_for(E, K)) // 2]
-                    cfg_base, _ = tune(hidden, *sel[m_mid], gus, dns, cfg_base)
-                configs[f"{shape}/T={T}"] = {"dense": dataclasses.asdict(cfg_dense),
-                                             "base": dataclasses.asdict(cfg_base)}
+                    cfg_dense, pdl_dense = tune(hidden, r.ids, r.weights, gus, dns, cfg_dense)
+                    cfg_base, pdl_base = tune(hidden, *sel[m_mid], gus, dns, cfg_base)
+                configs[f"{shape}/T={T}"] = {
+                    "dense": {**dataclasses.asdict(cfg_dense), "pdl": pdl_dense},
+                    f"base(M={m_mid})": {**dataclasses.asdict(cfg_base), "pdl": pdl_base}}
                 scfg = sgl.config(T, E, H, I, K) if sgl else None
                 for M, (ids, w) in sel.items():
                     dense = M >= E
                     cfg = cfg_dense if dense else cfg_base
+                    set_pdl(pdl_dense if dense else pdl_base)
                     n_read = int(torch.unique(ids[ids >= 0]).numel())
-                    floor_us = n_read * expert_bytes / (bw * 1e9 / 2) * 1e6  # read-only bytes at copy rate
+                    floor_us = n_read * expert_bytes / (bw * 1e9) * 1e6  # bytes read at the copy rate
                     ours = graph_time_us(rotating(
                         lambda i, x=hidden, ids=ids, w=w, cfg=cfg, gu=gus, dn=dns: fused_moe(x, ids, w, gu[i], dn[i], config=cfg)))
                     row = dict(shape=shape, T=T, M="dense" if dense else M, union=union,
                                experts_read=n_read, floor_us=round(floor_us, 2),
-                               ours_us=round(ours, 2), ours_over_floor=round(ours / floor_us, 3))
+                               ours_us=round(ours, 2), ours_over_floor=round(ours / floor_us, 3),
+                               ours_gbs=round(n_read * expert_bytes / ours / 1e3, 1),
+                               pdl=pdl_dense if dense else pdl_base)
+                    set_pdl(True)
                     if sgl:
                         aligned = sgl.align(ids, E, scfg["BLOCK_SIZE_M"])
                         y_s = sgl.forward(hidden, gus[0], dns[0], w, ids, scfg, aligned)

@@ -15,7 +15,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
+from base_sglang.kernels.utils import (
+    FLOAT_DTYPES,
+    ID_DTYPES,
+    check,
+    check_tensor,
+    launch_kwargs,
+    use_pdl,
+)
 
 
 @triton.jit
@@ -23,7 +30,11 @@ def _base_score_kernel(
     hidden_ptr, ids_ptr, w_ptr, budget_ptr, a_ptr, b_ptr, cost_ptr,
     H, stride_ht, stride_ae,
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+ USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)  # [BLOCK_K] slots of token t
     kmask = ks < K
@@ -79,6 +90,8 @@ def base_score(
     block_k = min(triton.next_power_of_2(K), 2)
     block_h = min(triton.next_power_of_2(H), 1024)
     grid = (T, triton.cdiv(K, block_k))
+    pdl = use_pdl(dev)
     _base_score_kernel[grid](hidden, ids, weights, budget, a, b, out, H, hidden.stride(0),
-                             a.stride(0), K=K, BLOCK_K=block_k, BLOCK_H=block_h, num_warps=4)
+                             a.stride(0), K=K, BLOCK_K=block_k, BLOCK_H=block_h, USE_PDL=pdl,
+                             num_warps=4, **launch_kwargs(pdl))
     return out

@@ -23,7 +23,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
+from base_sglang.kernels.utils import (
+    FLOAT_DTYPES,
+    ID_DTYPES,
+    check,
+    check_tensor,
+    launch_kwargs,
+    use_pdl,
+)
 
 
 @triton.jit
@@ -34,10 +41,22 @@ def _base_select_kernel(
     E: tl.constexpr, K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
     BACKFILL: tl.constexpr, RENORM: tl.constexpr,
+ USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)  # [BE] expert ids
     emask = es < E
+
+    # this token's row, loaded first so the loads overlap the batch-level work below
+    ks = tl.arange(0, BLOCK_K)  # [BK] slot ids (also output slot ids j)
+    kmask = ks < K
+    e_k = tl.load(ids_ptr + t * K + ks, mask=kmask, other=-1).to(tl.int32)  # [BK]
+    w_k = tl.load(w_ptr + t * K + ks, mask=kmask, other=0.0).to(tl.float32)  # [BK]
+    real_t = tl.load(budget_ptr + t + ks * 0) >= 0  # [BK] (vector: see base_score)
+    logit = tl.load(logits_ptr + t * stride_lt + es, mask=emask, other=float("-inf")).to(tl.float32)
 
     # ---- batch budget M (largest real budget, clamped to E) ------------------------------------
     vmax = tl.zeros([BLOCK_T], dtype=tl.int64)
@@ -76,16 +95,10 @@ def _base_select_kernel(
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
 
     # ---- this token's row ----------------------------------------------------------------------
-    ks = tl.arange(0, BLOCK_K)  # [BK] slot ids (also output slot ids j)
-    kmask = ks < K
-    e_k = tl.load(ids_ptr + t * K + ks, mask=kmask, other=-1).to(tl.int32)  # [BK]
-    w_k = tl.load(w_ptr + t * K + ks, mask=kmask, other=0.0).to(tl.float32)  # [BK]
-    real_t = tl.load(budget_ptr + t + ks * 0) >= 0  # [BK] (vector: see base_score)
     hit = (e_k[:, None] == es[None, :]) & kmask[:, None]  # [BK, BE] own slot k routes expert e
     own_in = tl.sum((hit & in_s[None, :]).to(tl.int32), axis=1) > 0  # [BK] slot kept
     routed = tl.sum(hit.to(tl.int32), axis=0) > 0  # [BE] expert in own top-k
 
-    logit = tl.load(logits_ptr + t * stride_lt + es, mask=emask, other=float("-inf")).to(tl.float32)
     ex = tl.where(emask, tl.exp(logit - tl.max(logit, axis=0)), 0.0)
     p = ex / tl.sum(ex, axis=0)  # [BE] router softmax
     p_k = tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)  # [BK] p of own slots
@@ -158,16 +171,19 @@ def base_select(
     check_tensor("budget", budget, (T,), ID_DTYPES, dev)
     new_ids = torch.empty_like(ids)
     new_w = torch.empty_like(weights)
-    d = torch.zeros(E, dtype=torch.float32, device=dev)
-    in_s = torch.zeros(E, dtype=torch.int8, device=dev)
-    counts = torch.zeros(2, dtype=torch.int64, device=dev)
-    removed = torch.zeros(1, dtype=torch.float32, device=dev)
+    # NOTE: empty, not zeros: program 0 writes all four (saves four memset launches per call)
+    d = torch.empty(E, dtype=torch.float32, device=dev)
+    in_s = torch.empty(E, dtype=torch.int8, device=dev)
+    counts = torch.empty(2, dtype=torch.int64, device=dev)
+    removed = torch.empty(1, dtype=torch.float32, device=dev)
     if T == 0:
-        return new_ids, new_w, d, in_s, counts, removed
+        return new_ids, new_w, d.zero_(), in_s.zero_(), counts.zero_(), removed.zero_()
+    pdl = use_pdl(dev)
     block_e = triton.next_power_of_2(E)
     _base_select_kernel[(T,)](
         cost, ids, weights, logits, budget, new_ids, new_w, d, in_s, counts, removed,
         T, logits.stride(0), E=E, K=K, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(K),
-        BLOCK_P=max(16, min(64, 4096 // block_e)), BLOCK_T=min(triton.next_power_of_2(T), 256),
-        BACKFILL=backfill, RENORM=renorm, num_warps=8 if block_e >= 128 else 4)
+        BLOCK_P=max(16, min(128, 16384 // block_e)), BLOCK_T=min(triton.next_power_of_2(T), 256),
+        BACKFILL=backfill, RENORM=renorm, USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
+        **launch_kwargs(pdl))
     return new_ids, new_w, d, in_s, counts, removed

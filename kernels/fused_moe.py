@@ -26,10 +26,16 @@ class MoeConfig:
     down: GemmConfig = GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
 
 
-def default_config(num_tokens: int, num_experts: int, top_k: int) -> MoeConfig:
-    """Decode heuristic: BLOCK_M covers the mean pairs per active expert (16..64)."""
+def default_config(num_tokens: int, num_experts: int, top_k: int,
+                   max_experts: int | None = None) -> MoeConfig:
+    """Decode heuristic: BLOCK_M covers the mean pairs per active expert (16..64).
+
+    max_experts: an upper bound on the experts actually executed (e.g. the BASE budget M), when the
+    caller knows it; fewer experts means more pairs per expert.
+    """
     pairs = max(num_tokens * top_k, 1)
-    per_expert = -(-pairs // min(num_experts, pairs))
+    active = min(num_experts, pairs, max_experts or num_experts)
+    per_expert = -(-pairs // max(active, 1))
     block_m = min(max(16, 1 << (per_expert - 1).bit_length()), 64)
     return MoeConfig(block_m=block_m)
 
@@ -42,8 +48,13 @@ def fused_moe(
     down: torch.Tensor,  # [E, H, I] contiguous, hidden's dtype
     *,
     config: MoeConfig | None = None,
+    max_experts: int | None = None,
 ) -> torch.Tensor:
-    """Routed-expert output [T, H] in hidden's dtype (fp32 accumulation and combine)."""
+    """Routed-expert output [T, H] in hidden's dtype (fp32 accumulation and combine).
+
+    config: tile shapes (default: default_config(T, E, K, max_experts)); max_experts: optional bound
+    on the distinct experts the ids select (the BASE budget), used only to pick BLOCK_M.
+    """
     T, H = hidden.shape
     E, two_i, _ = gate_up.shape
     I = two_i // 2  # noqa: E741
@@ -57,7 +68,7 @@ def fused_moe(
     check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
     ids = ids.contiguous()
     weights = weights.contiguous()
-    cfg = config or default_config(T, E, K)
+    cfg = config or default_config(T, E, K, max_experts)
     blocks = moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up)

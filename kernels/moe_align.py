@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from base_sglang.kernels.utils import ID_DTYPES, check, check_tensor
+from base_sglang.kernels.utils import ID_DTYPES, check, check_tensor, launch_kwargs, use_pdl
 
 
 class MoeBlocks(NamedTuple):
@@ -34,7 +34,11 @@ def _moe_align_kernel(
     ids_ptr, pair_list_ptr, counts_ptr, block_expert_ptr, block_row_ptr, num_blocks_ptr,
     P,
     E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr,
+ USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     es = tl.arange(0, BLOCK_E)  # [BE]
     emask = es < E
     cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
@@ -78,15 +82,17 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> MoeBlocks:
         counts=torch.empty(E, dtype=torch.int32, device=dev),
         block_expert=torch.empty(nb_max, dtype=torch.int32, device=dev),
         block_row=torch.empty(nb_max, dtype=torch.int32, device=dev),
-        num_blocks=torch.zeros(1, dtype=torch.int32, device=dev),
+        num_blocks=torch.empty(1, dtype=torch.int32, device=dev),  # written by the kernel
         block_m=block_m,
     )
     if P == 0:
         out.counts.zero_()
+        out.num_blocks.zero_()
         return out
     block_e = triton.next_power_of_2(E)
+    pdl = use_pdl(dev)
     _moe_align_kernel[(1,)](
         ids, out.pair_list, out.counts, out.block_expert, out.block_row, out.num_blocks, P,
-        E=E, BLOCK_E=block_e, BLOCK_P=max(16, min(128, 8192 // block_e)), BLOCK_M=block_m,
-        num_warps=8 if block_e >= 128 else 4)
+        E=E, BLOCK_E=block_e, BLOCK_P=max(16, min(128, 16384 // block_e)), BLOCK_M=block_m,
+        USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4, **launch_kwargs(pdl))
     return out

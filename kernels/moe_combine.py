@@ -9,7 +9,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
+from base_sglang.kernels.utils import (
+    FLOAT_DTYPES,
+    ID_DTYPES,
+    check,
+    check_tensor,
+    launch_kwargs,
+    use_pdl,
+)
 
 
 @triton.jit
@@ -17,7 +24,11 @@ def _moe_combine_kernel(
     y_ptr, x_ptr, ids_ptr, w_ptr,
     H, stride_ym, stride_xm,
     E: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr,
+ USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     hs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BH]
     hmask = hs < H
@@ -50,6 +61,8 @@ def moe_combine(
         return out
     block_h = min(triton.next_power_of_2(H), 1024)
     grid = (T, triton.cdiv(H, block_h))
+    pdl = use_pdl(dev)
     _moe_combine_kernel[grid](out, x, ids, weights, H, out.stride(0), x.stride(0),
-                              E=num_experts, K=K, BLOCK_H=block_h, num_warps=4)
+                              E=num_experts, K=K, BLOCK_H=block_h, USE_PDL=pdl, num_warps=4,
+                              **launch_kwargs(pdl))
     return out

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 from base_sglang.kernels.moe_align import MoeBlocks
-from base_sglang.kernels.utils import check, is_interpreter
+from base_sglang.kernels.utils import check, is_interpreter, launch_kwargs, use_pdl
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class GemmConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    n_fast: bool = False  # grid order: N tiles of one block adjacent (True) or blocks adjacent
 
 
 @triton.jit
@@ -34,10 +35,19 @@ def _moe_gemm_kernel(
     num_blocks_ptr,
     N, KD, P, stride_am, stride_we, stride_wn, stride_om,
     A_DIV: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+    N_FAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+ USE_PDL: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if N_FAST:
+        pid_n = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        pid_n = tl.program_id(1)
     if b >= tl.load(num_blocks_ptr):
         return
     e = tl.load(block_expert_ptr + b).to(tl.int64)
@@ -105,10 +115,15 @@ def moe_gemm(
           f"out: expected [{P}, {N}] with unit column stride, got {tuple(out.shape)}")
     check(blocks.counts.shape[0] == E, f"blocks: built for {blocks.counts.shape[0]} experts, w has {E}")
     grid = (blocks.block_expert.shape[0], triton.cdiv(N, config.block_n))
+    if config.n_fast:
+        grid = grid[::-1]
+    pdl = use_pdl(a.device)
     _moe_gemm_kernel[grid](
         a, w, out, blocks.pair_list, blocks.counts, blocks.block_expert, blocks.block_row,
         blocks.num_blocks, N, KD, P, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         A_DIV=a_div, GATED=gated, EVEN_K=KD % config.block_k == 0, DOT_F32=is_interpreter(),
+        N_FAST=config.n_fast,
         BLOCK_M=blocks.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        USE_PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_kwargs(pdl))
     return out

@@ -15,6 +15,19 @@ def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (sm90+): each kernel waits on its predecessor with
+    griddepcontrol.wait and lets the next one launch early, hiding launch gaps in a decode chain.
+    BASE_PDL=0 turns it off; never under the interpreter."""
+    if is_interpreter() or device.type != "cuda" or os.environ.get("BASE_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_kwargs(pdl: bool) -> dict:
+    return {"launch_pdl": True} if pdl else {}
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
