@@ -1,0 +1,105 @@
+"""base_select_experts == core select_experts (policy base): ids exact, weights to fp32 rounding."""
+
+import pytest
+import torch
+from base_sglang.kernels import base_select, base_select_experts
+from kernel_helpers import DEVICE, predictor, routing
+
+from base_sglang.core import SelectionConfig, select_experts
+from base_sglang.core.selection import _batch_score, _top_m
+
+H = 24
+W_ATOL = 1e-6  # fp32 softmax/renorm in both; only rounding differs
+
+
+def compare(T, E, K, budget, *, seed=0, one_expert=False, id_dtype=torch.int64, renorm="native",
+            backfill=True, norm=True):
+    logits, ids, w = routing(T, E, K, seed=seed, one_expert=one_expert, norm=norm, id_dtype=id_dtype)
+    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
+    pred = predictor(E, H, seed=seed)
+    cfg = SelectionConfig(policy="base", renorm=renorm, backfill=backfill)
+    b = torch.as_tensor(budget).to(DEVICE)
+    args = (logits, ids, w, hidden.to(DEVICE), b, 0, cfg, pred)
+    want = select_experts(*args, norm_topk_prob=norm)
+    got = base_select_experts(*args, norm_topk_prob=norm)
+    assert got.ids.dtype == ids.dtype and got.weights.dtype == w.dtype
+    assert torch.equal(got.ids, want.ids), (got.ids, want.ids)
+    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=W_ATOL)
+    assert int(got.stats.num_union) == int(want.stats.num_union)
+    assert int(got.stats.num_kept) == int(want.stats.num_kept)
+    torch.testing.assert_close(got.stats.removed_cost, want.stats.removed_cost, rtol=1e-5, atol=1e-6)
+    return got
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("renorm,norm", [("native", True), ("native", False), ("always", False)])
+def test_uniform_budget(id_dtype, renorm, norm):
+    got = compare(6, 13, 4, [5] * 6, id_dtype=id_dtype, renorm=renorm, norm=norm)
+    assert int(got.stats.num_kept) <= 5
+
+
+def test_single_token():
+    compare(1, 13, 4, [2], seed=3)
+
+
+def test_budget_below_k_pads_with_minus_one():
+    got = compare(5, 13, 4, [2] * 5, seed=4)
+    assert ((got.ids >= 0).sum(1) == 2).all()
+
+
+def test_padded_and_mixed_rows():
+    got = compare(6, 13, 4, [-1, 3, 9, -1, 1, 4], seed=5)
+    assert (got.ids[[0, 3]] == -1).all() and (got.weights[[0, 3]] == 0).all()
+
+
+def test_dense_row_keeps_everything_bit_exact():
+    logits, ids, w = routing(5, 13, 4, seed=6)
+    got = compare(5, 13, 4, [1, 13, 2, 2, 2], seed=6)
+    assert torch.equal(got.ids, ids) and torch.equal(got.weights, w)
+
+
+def test_all_padded():
+    got = compare(4, 13, 4, [-1] * 4, seed=7)
+    assert (got.ids == -1).all() and int(got.stats.num_union) == 0
+
+
+def test_all_tokens_on_one_expert():
+    got = compare(6, 9, 3, [1] * 6, seed=8, one_expert=True)
+    assert (got.ids[:, 0] == 0).all() and (got.ids[:, 1:] == -1).all()
+
+
+@pytest.mark.parametrize("renorm", ["native", "never"])
+def test_drop_only(renorm):
+    compare(6, 13, 4, [4] * 6, seed=9, backfill=False, renorm=renorm)
+
+
+def test_int32_budget_and_k_equals_e():
+    compare(3, 4, 4, torch.tensor([2, 3, 2], dtype=torch.int32), seed=10)
+
+
+def test_skipped_layer_and_other_policy_use_the_core():
+    logits, ids, w = routing(4, 8, 2)
+    pred = predictor(8, H)
+    hidden = torch.randn(4, H, device=DEVICE)
+    b = torch.full((4,), 3, device=DEVICE)
+    for cfg in (SelectionConfig(policy="base", skip_layers=(0,)), SelectionConfig(policy="dense")):
+        got = base_select_experts(logits, ids, w, hidden, b, 0, cfg, pred)
+        want = select_experts(logits, ids, w, hidden, b, 0, cfg, pred)
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)
+    with pytest.raises(ValueError, match="predictor"):
+        base_select_experts(logits, ids, w, hidden, b, 0, SelectionConfig(policy="base"), None)
+
+
+def test_exact_ties_go_to_the_lower_expert_id():
+    """Equal batch scores: the kernel's stable ranking equals the core's stable sort."""
+    T, E, K = 4, 10, 2
+    logits, ids, w = routing(T, E, K, seed=11)
+    cost = torch.ones(T, K, device=DEVICE)  # D[e] = number of routing tokens: many exact ties
+    budget = torch.full((T,), 3, device=DEVICE)
+    new_ids, new_w, d, in_s, counts, removed = base_select(cost, ids, w, logits, budget)
+    valid = torch.ones(T, K, dtype=torch.bool, device=DEVICE)
+    d_ref = _batch_score(ids, cost, valid, E)
+    in_union = d_ref > 0
+    assert torch.equal(d, d_ref)
+    assert torch.equal(in_s.bool(), _top_m(d_ref, torch.tensor(3, device=DEVICE), in_union))
+    assert int(counts[0]) == int(in_union.sum()) and int(counts[1]) == 3
