@@ -3,6 +3,8 @@
     base-serve                                   # the embedded proxy model on 127.0.0.1:8000
     base-serve --model DIR --default-budget 8 --api-key KEY
 Every flag can also be set as a BASE_* environment variable (e.g. BASE_DEFAULT_BUDGET=8).
+Arguments base-serve does not know go to the backend (`--backend sglang`: SGLang server arguments
+such as --tp-size); the native backend refuses them.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def main(argv: list[str] | None = None) -> None:
         defaults = Settings()
     except Exception as exc:  # a bad BASE_* variable
         sys.exit(f"base-serve: error: {exc}")
-    args = build_parser(defaults).parse_args(argv)
-    settings = Settings(**vars(args))
+    parser = build_parser(defaults)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.backend == "native":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    settings = Settings(**vars(args), backend_args=extra)
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         from base_sglang.server.app import create_app

@@ -29,3 +29,4 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     num_threads: int | None = None  # torch CPU threads (native backend)
     log_level: str = "info"
+    backend_args: list[str] = []  # CLI arguments base-serve does not know, for the backend (sglang)

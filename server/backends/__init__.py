@@ -19,7 +19,10 @@ A backend is any object with these members (`Backend` below spells them out):
                         "engine": engine.stats.EngineStats | None}  (read by /metrics)
 
 A new backend (e.g. `sglang`, from the plugin) is a module with `create_backend(settings)` returning
-such an object, registered by name in BACKENDS.
+such an object, registered by name in BACKENDS. `settings` is server.settings.Settings; the CLI
+arguments base-serve does not know arrive in `settings.backend_args` (a list of strings) for the
+backend to parse (e.g. SGLang's --tp-size). create_backend raises FileNotFoundError or ValueError
+with a message naming the option for bad settings (base-serve prints it and exits 1).
 """
 
 from __future__ import annotations

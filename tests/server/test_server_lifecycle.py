@@ -103,6 +103,12 @@ def test_cli_names_model_when_checkpoint_missing(tmp_path, capsys):
     assert "--model" in str(exc.value) and str(tmp_path / "missing") in str(exc.value)
 
 
+def test_cli_native_refuses_unknown_flags(server_model_dir):
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(server_model_dir), "--tp-size", "2"])
+    assert exc.value.code == 2  # argparse's usage error
+
+
 def test_cli_defaults_come_from_environment(monkeypatch):
     monkeypatch.setenv("BASE_DEFAULT_BUDGET", "4")
     monkeypatch.setenv("BASE_PORT", "9123")
