@@ -1,8 +1,8 @@
 """The Dockerfile: hadolint-clean; stages and default target; the GPU base image is the official
 SGLang image of the version pyproject.toml pins; non-root, health-checked, volumes; and every
 command, file and path the images use exists: console scripts and the plugin entry point in
-pyproject.toml, the modules behind them, the base-serve flags, the COPY sources in the build
-context, the router version the router tests ran against."""
+pyproject.toml, the modules behind them, the base-serve flags (and what goes on to SGLang), the
+COPY sources in the build context, the router version the router tests ran against."""
 
 import ast
 import importlib.metadata
@@ -21,11 +21,14 @@ from deploy_helpers import (
     COMPOSE,
     DOCKERFILE,
     DOCKERIGNORE,
+    ENV_EXAMPLE,
     ROOT,
     dockerfile_stages,
     dockerignore_patterns,
     env_of,
     in_build_context,
+    interpolate,
+    read_env_file,
 )
 
 RUNTIME_STAGES = ("cpu", "router", "gpu")
@@ -133,20 +136,22 @@ def test_console_script_and_plugin_entry_point_exist(stages, pyproject):
     assert installed.get("base") == plugins["base"]
 
 
-def test_base_serve_accepts_the_flags_the_images_and_compose_pass(stages):
+def test_base_serve_parses_what_the_images_and_compose_pass(stages):
     from base_sglang.server.__main__ import build_parser
     from base_sglang.server.settings import Settings
 
-    known = {opt for action in build_parser(Settings())._actions for opt in action.option_strings}
-    compose = yaml.safe_load(COMPOSE.read_text())
-    commands = [stages[n].last("ENTRYPOINT").words[1:] for n in ("cpu", "gpu")]
-    commands += [compose["services"][n]["command"] for n in ("replica-0", "replica-tp2-0")]
-    sglang_flags = {"--tp-size", "--moe-runner-backend", "--mem-fraction-static"}
-    for words in commands:
-        flags = {w for w in words if w.startswith("--")}
-        assert flags - sglang_flags <= known, f"base-serve has no {sorted(flags - sglang_flags - known)}"
-    used_sglang = {w for words in commands for w in words if w in sglang_flags}
-    assert used_sglang == sglang_flags
+    parser = build_parser(Settings())
+    args, extra = parser.parse_known_args(stages["cpu"].last("ENTRYPOINT").words[1:])
+    assert extra == [] and args.backend == "native" and (args.host, args.port) == ("0.0.0.0", 8000)
+    gpu_entry = stages["gpu"].last("ENTRYPOINT").words[1:]
+    compose = interpolate(yaml.safe_load(COMPOSE.read_text()), read_env_file(ENV_EXAMPLE))
+    for name, tp in (("replica-0", "1"), ("replica-tp2-0", "2")):
+        args, extra = parser.parse_known_args(gpu_entry + compose["services"][name]["command"])
+        assert args.backend == "sglang" and (args.host, args.port) == ("0.0.0.0", 8000)
+        assert args.predictor == compose["services"][name]["environment"]["BASE_PREDICTOR"]
+        assert int(args.min_budget) <= int(args.default_budget) <= int(args.max_budget)
+        # what base-serve does not know goes to SGLang: exactly these flags, with their values
+        assert extra == ["--tp-size", tp, "--moe-runner-backend", "triton", "--mem-fraction-static", "0.85"]
 
 
 def test_sglang_passthrough_flags_exist_in_the_pinned_sglang():
