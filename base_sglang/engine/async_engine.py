@@ -106,7 +106,7 @@ class AsyncLLMEngine:
                 outputs = self.engine.step()
             except Exception as exc:  # one bad batch must not stop the server
                 log.error("engine step failed: %s", traceback.format_exc())
-                outputs = self.engine.fail_running(f"{type(exc).__name__}: {exc}")
+                outputs = self.engine.fail_step(f"{type(exc).__name__}: {exc}")
             for out in outputs:
                 self._deliver(out.request_id, out)
 
@@ -123,7 +123,10 @@ class AsyncLLMEngine:
                 except (ValueError, QueueFull) as exc:
                     self._deliver(rid, exc)
             else:
-                self.engine.abort(cmd[1])
+                try:
+                    self.engine.abort(cmd[1])
+                except Exception:  # never let a bad abort stop the loop
+                    log.error("abort of %s failed: %s", cmd[1], traceback.format_exc())
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)

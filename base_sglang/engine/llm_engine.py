@@ -30,6 +30,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers))
         self._ids = itertools.count()
+        self._last_step: tuple[list[Sequence], bool] = ([], False)
         torch.manual_seed(config.seed)
 
     # ---- requests ----------------------------------------------------------------------------
@@ -71,10 +72,20 @@ class LLMEngine:
         seq.finish("abort")
         return self._output(seq, [], "")
 
-    def fail_running(self, error: str) -> list[RequestOutput]:
-        """After a failed step: finish every running request with an error and free the batch."""
-        seqs = list(self.scheduler.running)
-        self.runner.release(list(range(len(seqs))))
+    def fail_step(self, error: str) -> list[RequestOutput]:
+        """After step() raised: finish the requests it was running with an error, free their rows.
+
+        A failed prefill takes only the requests it was admitting (rows past the KV cache's, or
+        their own rows if the failure came after the merge); a failed decode takes the whole batch,
+        whose cache may hold a half-written step.
+        """
+        seqs, is_prefill = self._last_step
+        if not is_prefill:
+            seqs = list(self.scheduler.running)
+        failed = {id(s) for s in seqs}
+        rows = [b for b, s in enumerate(self.scheduler.running)
+                if id(s) in failed and b < self.runner.kv.num_rows]
+        self.runner.release(rows)
         self.scheduler.retire(seqs)
         outs = []
         for seq in seqs:
@@ -87,7 +98,7 @@ class LLMEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        seqs, is_prefill = self.scheduler.schedule()
+        seqs, is_prefill = self._last_step = self.scheduler.schedule()
         if not seqs:
             return []
         logits, stats = self.runner.run(seqs, is_prefill)  # [B, V] last-position logits

@@ -11,6 +11,9 @@ The batch metadata comes from one module-level context set around each forward:
         model(...)
     step.stats[layer_id] -> SelectionStats
 Outside a decode_step (prefill, plain forward) every block runs dense and unchanged.
+`decode_step(budget, all_dense=True)` is a promise from the caller (who knows the budgets on the host)
+that every row is real and dense: budgeted policies then skip the selection work, which would return
+the router's choice unchanged anyway, and only count the experts.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..core.predictor import describe_model_config
 @dataclass
 class StepContext:
     budget: torch.Tensor  # [T] int per token row
+    all_dense: bool = False  # every row real and >= E (set by the caller, never inferred: no sync)
     stats: dict[int, SelectionStats] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> executed ids [T, K]
 
@@ -36,12 +40,12 @@ _current: StepContext | None = None
 
 
 @contextmanager
-def decode_step(budget: torch.Tensor):
+def decode_step(budget: torch.Tensor, all_dense: bool = False):
     """Run the MoE blocks under the selection policy for one decode step (no nesting)."""
     global _current
     if _current is not None:
         raise RuntimeError("decode_step contexts cannot be nested")
-    _current = StepContext(budget=budget)
+    _current = StepContext(budget=budget, all_dense=all_dense)
     try:
         yield _current
     finally:
@@ -114,6 +118,11 @@ class MoEPatch:
             if step is None:
                 return out
             logits, weights, ids = out
+            if step.all_dense and (self.config.uses_budget or self.config.policy == "dense"):
+                step.stats[layer_id] = _dense_stats(ids.reshape(ids.shape[0], -1),
+                                                    self.num_experts)
+                step.ids[layer_id] = ids
+                return out
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, H]
             norms = None
             if self.config.policy == "oracle":
@@ -130,3 +139,10 @@ class MoEPatch:
             return logits, sel.weights.view_as(weights), exec_ids
 
         return forward
+
+
+def _dense_stats(ids: torch.Tensor, E: int) -> SelectionStats:
+    """What select_experts reports for an all-dense batch: union kept, nothing removed. ids [T, K]."""
+    hit = torch.zeros(E, dtype=torch.bool, device=ids.device).index_fill_(0, ids.flatten().long(), True)
+    n = hit.sum()  # [] distinct experts routed
+    return SelectionStats(n, n.clone(), torch.zeros((), device=ids.device))

@@ -197,3 +197,28 @@ def _drain(engine):
     while engine.has_unfinished():
         outs += engine.step()
     return outs
+
+
+def test_failed_prefill_fails_only_the_new_request(engine, monkeypatch):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    solo = engine.generate([PROMPTS[0]], params, budget=DENSE)[0][0]
+    rid = engine.add_request(PROMPTS[0], params, DENSE)
+    got = []
+    for out in engine.step() + engine.step():  # prefill, then one decode step
+        got += out.token_ids
+    original = engine.runner.prefill
+
+    def broken(seqs):
+        raise RuntimeError("bad prompt")
+
+    monkeypatch.setattr(engine.runner, "prefill", broken)
+    bad = engine.add_request(PROMPTS[1], params, DENSE)
+    with pytest.raises(RuntimeError):
+        engine.step()
+    [failed] = engine.fail_step("RuntimeError: bad prompt")
+    assert failed.request_id == bad and failed.finish_reason == "error" and failed.error
+    monkeypatch.setattr(engine.runner, "prefill", original)
+    for out in _drain(engine):
+        assert out.request_id == rid
+        got += out.token_ids
+    assert got == solo and engine.runner.kv.num_rows == 0

@@ -65,3 +65,26 @@ def test_filter_top_k_and_top_p_per_row():
     assert torch.isfinite(out).tolist() == [[True, True, False, False], [True, True, False, False]]
     out = _filter(logits, torch.tensor([-1, 1]), torch.tensor([0.9, 1.0]))
     assert torch.isfinite(out).tolist() == [[True, True, True, False], [True, False, False, False]]
+
+
+def test_all_dense_fast_path_equals_the_selection(tiny_model_dir):
+    """decode_step(all_dense=True) skips select_experts; outputs and stats must not change."""
+    from transformers import AutoModelForCausalLM
+
+    from base_sglang.core import Predictor, SelectionConfig
+    from base_sglang.engine.moe_hook import MoEPatch, decode_step
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    MoEPatch(model, SelectionConfig(policy="base"),
+             Predictor.load(tiny_model_dir / "predictor.safetensors"))
+    ids = torch.randint(0, 300, (5, 7))
+    budget = torch.full((35,), 8)  # E = 8: every row dense
+    with torch.no_grad():
+        with decode_step(budget) as full:
+            ref = model(ids).logits
+        with decode_step(budget, all_dense=True) as fast:
+            got = model(ids).logits
+    assert torch.equal(ref, got)
+    for layer, stats in full.stats.items():
+        assert [int(x) for x in fast.stats[layer]] == [int(x) for x in stats]
+        assert torch.equal(fast.ids[layer], full.ids[layer])
