@@ -1,0 +1,55 @@
+"""BASE as an SGLang general plugin (entry point `sglang.srt.plugins`: base = base_sglang.plugin:register).
+
+SGLang calls `register()` in every process it starts (main, schedulers = TP workers, detokenizer)
+through `sglang.srt.plugins.load_plugins()`, which then applies the registered hooks. Importing
+this package patches nothing. BASE is switched on by BASE_PREDICTOR (see plugin/config.py);
+without it every hook passes through.
+
+The hooks, in the order a request meets them (details in plugin/hooks.py):
+  ServerArgs.__post_init__            AFTER   refuse EP/DeepEP, DP attention, EPLB, spec decoding ...
+  TokenizerManager.generate_request   BEFORE  validate budgets, copy X-Expert-Budget into custom_params
+  ModelRunner.load_model              AFTER   load + validate the predictor (target model only)
+  ModelRunner.init_cuda_graphs        BEFORE  allocate the static budget buffer
+  DecodeCudaGraphRunner.capture       AROUND  capture BASE into target decode graphs
+  ForwardBatch.init_new               AFTER   per-token budgets of a decode batch
+  ModelRunner._forward_raw            AROUND  fill the buffer (padding -1), open the decode gate
+  TopK.forward_cuda/native/cpu        AFTER   select experts (Triton kernels or the torch core)
+"""
+
+from __future__ import annotations
+
+from . import hooks
+
+_SRT = "sglang.srt"
+TARGETS = (  # (target, hook, hook type name)
+    (f"{_SRT}.server_args.ServerArgs.__post_init__", hooks.after_server_args, "AFTER"),
+    (f"{_SRT}.managers.tokenizer_manager.TokenizerManager.generate_request",
+     hooks.before_generate_request, "BEFORE"),
+    (f"{_SRT}.model_executor.model_runner.ModelRunner.load_model", hooks.after_load_model, "AFTER"),
+    (f"{_SRT}.model_executor.model_runner.ModelRunner.init_cuda_graphs",
+     hooks.before_init_cuda_graphs, "BEFORE"),
+    (f"{_SRT}.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+     hooks.around_decode_capture, "AROUND"),
+    (f"{_SRT}.model_executor.forward_batch_info.ForwardBatch.init_new",
+     hooks.after_forward_batch_init, "AFTER"),
+    (f"{_SRT}.model_executor.model_runner.ModelRunner._forward_raw", hooks.around_forward_raw,
+     "AROUND"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_cuda", hooks.after_topk, "AFTER"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.after_topk, "AFTER"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.after_topk, "AFTER"),
+)
+
+
+def register() -> None:
+    """Register every BASE hook with SGLang's HookRegistry (load_plugins applies them)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .config import PluginConfig
+    from .state import STATE
+
+    try:
+        STATE.config = PluginConfig.from_env()
+    except ValueError as exc:  # load_plugins would log and skip us: fail at startup instead
+        STATE.config_error = f"BASE plugin: {exc}"
+    for target, hook, kind in TARGETS:
+        HookRegistry.register(target, hook, HookType[kind])

@@ -1,0 +1,51 @@
+"""Plugin settings, read from BASE_* environment variables (SGLang's subprocesses inherit them).
+
+    BASE_PREDICTOR       predictor file; BASE is on only when this is set (otherwise the hooks pass through)
+    BASE_POLICY          selection policy in decode steps (default: base)
+    BASE_DEFAULT_BUDGET  budget of requests that set none: an integer or "dense" (default: dense)
+    BASE_KERNELS         "auto" (Triton kernels on CUDA when importable) or "off" (torch core)
+    BASE_STATS_INTERVAL  log mean experts executed per MoE layer every N decode steps (0: never)
+The names match base-serve's settings, so `base-serve --backend sglang` hands them down unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from base_sglang.core import SelectionConfig
+
+from .budget import DENSE, parse_budget
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    predictor: str | None = None
+    policy: str = "base"
+    default_budget: int = DENSE
+    kernels: bool = True
+    stats_interval: int = 200
+
+    def __post_init__(self):
+        SelectionConfig(policy=self.policy)  # raises "policy: ..." for an unknown policy
+        if self.stats_interval < 0:
+            raise ValueError(f"BASE_STATS_INTERVAL: must be >= 0, got {self.stats_interval}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.predictor)
+
+    @classmethod
+    def from_env(cls, env=None) -> PluginConfig:
+        env = os.environ if env is None else env
+        kernels = env.get("BASE_KERNELS", "auto").strip().lower()
+        if kernels not in ("auto", "off", "on", "0", "1"):
+            raise ValueError(f"BASE_KERNELS: must be auto or off, got {kernels!r}")
+        interval = env.get("BASE_STATS_INTERVAL", "200").strip()
+        if not interval.isdigit():
+            raise ValueError(f"BASE_STATS_INTERVAL: must be an integer >= 0, got {interval!r}")
+        return cls(predictor=env.get("BASE_PREDICTOR") or None,
+                   policy=env.get("BASE_POLICY", "base").strip() or "base",
+                   default_budget=parse_budget(env.get("BASE_DEFAULT_BUDGET", "dense"),
+                                               "BASE_DEFAULT_BUDGET"),
+                   kernels=kernels not in ("off", "0"), stats_interval=int(interval))

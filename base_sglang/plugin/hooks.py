@@ -1,0 +1,132 @@
+"""The hook functions `register()` installs (HookRegistry signatures: see plugin/__init__.py).
+
+Processes: `before_generate_request` and `after_server_args` run in the main (HTTP/tokenizer)
+process; the others in each scheduler (= TP worker) process, which owns the model and graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from base_sglang.core import Predictor, PredictorMismatch
+from base_sglang.core.predictor import describe_model_config
+
+from . import state
+from .budget import BUDGET_HEADER, apply_header, token_budgets
+from .checks import check_model_runners, check_server_args
+
+log = logging.getLogger("base_sglang.plugin")
+
+
+# ---- main process -------------------------------------------------------------------------------
+def after_server_args(result, server_args, *args, **kwargs):
+    """ServerArgs.__post_init__ AFTER: refuse unsupported settings before anything starts."""
+    if state.STATE.config_error:
+        raise ValueError(state.STATE.config_error)
+    if state.STATE.config.enabled:
+        check_server_args(server_args)
+
+
+def before_generate_request(manager, obj, request=None, *args, **kwargs):
+    """TokenizerManager.generate_request BEFORE: validate budgets, copy X-Expert-Budget in."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if not state.STATE.config.enabled or not isinstance(obj, GenerateReqInput):
+        return None
+    header = request.headers.get(BUDGET_HEADER) if request is not None else None
+    obj.sampling_params = apply_header(obj.sampling_params, header, _num_experts(manager))
+    return None
+
+
+def _num_experts(manager) -> int | None:
+    cfg = getattr(getattr(manager, "model_config", None), "hf_text_config", None)
+    return describe_model_config(cfg)["num_experts"] if cfg is not None else None
+
+
+# ---- scheduler process: startup -----------------------------------------------------------------
+def after_load_model(result, runner, *args, **kwargs):
+    """ModelRunner.load_model AFTER: load and validate the predictor of the target model."""
+    cfg = state.STATE.config
+    if state.STATE.config_error:
+        raise ValueError(state.STATE.config_error)
+    if not cfg.enabled or runner.is_draft_worker:
+        return None
+    check_server_args(runner.server_args)
+    check_model_runners(runner.model, str(runner.device))
+    try:
+        predictor = Predictor.load(cfg.predictor)
+        predictor.validate(runner.model_config.hf_text_config)
+    except PredictorMismatch as exc:
+        raise PredictorMismatch(f"BASE_PREDICTOR={cfg.predictor}: {exc}") from None
+    state.STATE.enable(predictor, cfg, runner.device)
+    log.info("BASE: predictor %s loaded (%d MoE layers, E=%d, policy %s, %s)", cfg.predictor,
+             len(predictor.meta.moe_layers), predictor.meta.num_experts, cfg.policy,
+             state.STATE.select.__name__)
+    return None
+
+
+def before_init_cuda_graphs(runner, *args, **kwargs):
+    """ModelRunner.init_cuda_graphs BEFORE: the budget buffer exists before any capture."""
+    if state.STATE.enabled and not runner.is_draft_worker:
+        state.STATE.ensure_buffer(max(runner.max_running_requests or 1, 1), runner.device)
+    return None
+
+
+def around_decode_capture(original, graph_runner, *args, **kwargs):
+    """DecodeCudaGraphRunner.capture AROUND: BASE is captured into target decode graphs only."""
+    st = state.STATE
+    if (not st.enabled or graph_runner.model_runner.is_draft_worker
+            or not graph_runner.capture_forward_mode.is_decode()):
+        return original(graph_runner, *args, **kwargs)
+    st.ensure_buffer(graph_runner.max_bs, graph_runner.model_runner.device)
+    with st.capture():
+        return original(graph_runner, *args, **kwargs)
+
+
+# ---- scheduler process: every forward -----------------------------------------------------------
+def after_forward_batch_init(forward_batch, cls, batch, model_runner, *args, **kwargs):
+    """ForwardBatch.init_new AFTER: attach the decode rows' budgets (a host list) to the batch."""
+    if (state.STATE.enabled and not model_runner.is_draft_worker
+            and forward_batch.forward_mode.is_decode()):
+        forward_batch.base_budgets = token_budgets(batch.reqs, state.STATE.config.default_budget)
+    return None
+
+
+def around_forward_raw(original, runner, forward_batch, *args, **kwargs):
+    """ModelRunner._forward_raw AROUND: fill the buffer and open the gate for decode forwards."""
+    st = state.STATE
+    budgets = getattr(forward_batch, "base_budgets", None)
+    if (not st.enabled or runner.is_draft_worker or budgets is None
+            or not forward_batch.forward_mode.is_decode()):
+        return original(runner, forward_batch, *args, **kwargs)
+    if st.budget is None:  # no init_cuda_graphs call in this runner: eager decode only
+        st.ensure_buffer(max(runner.max_running_requests or 1, len(budgets)), runner.device)
+    with st.decode_step(budgets):
+        return original(runner, forward_batch, *args, **kwargs)
+
+
+def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
+    """TopK.forward_{cuda,native,cpu} AFTER: BASE on the routed columns of a standard output."""
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    st = state.STATE
+    if not st.active or topk.is_draft or type(out) is not StandardTopKOutput:
+        return None
+    layer = topk.layer_id
+    slot = st.predictor._slot.get(layer)
+    if slot is None:
+        return None
+    n = hidden_states.shape[0]
+    k = topk.topk_config.top_k - topk.topk_config.num_shared_topk_slots  # routed columns
+    ids, w = out.topk_ids[:, :k], out.topk_weights[:, :k]  # [T, K]
+    sel = st.select(router_logits, ids, w, hidden_states, st.budget[:n], layer,
+                    st.selection, st.predictor, norm_topk_prob=topk.topk_config.renormalize)
+    st.record(slot, sel.stats.num_union, sel.stats.num_kept)
+    new_ids, new_w = sel.ids, sel.weights
+    if k < out.topk_ids.shape[1]:  # fused shared-expert slots stay as they are
+        new_ids = torch.cat([new_ids, out.topk_ids[:, k:]], dim=1)  # [T, K + shared]
+        new_w = torch.cat([new_w, out.topk_weights[:, k:]], dim=1)
+    return out._replace(topk_ids=new_ids, topk_weights=new_w)
+
