@@ -85,7 +85,7 @@ def tune(hidden, ids, w, gus, dns, base: MoeConfig) -> tuple[MoeConfig, bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,8,16,32,64,128")
     ap.add_argument("--sglang-root", default="", help="unpacked sglang 0.5.23 wheel (optional)")

@@ -103,3 +103,23 @@ def test_exact_ties_go_to_the_lower_expert_id():
     assert torch.equal(d, d_ref)
     assert torch.equal(in_s.bool(), _top_m(d_ref, torch.tensor(3, device=DEVICE), in_union))
     assert int(counts[0]) == int(in_union.sum()) and int(counts[1]) == 3
+
+
+def test_padded_rows_may_hold_minus_one_ids():
+    """SGLang marks DP padding rows with id -1; the kernel ignores them like any padded row.
+
+    (The core gathers router probabilities at the ids and cannot take -1, so it gets the same rows
+    with valid ids: a padded row's ids never influence the other rows.)
+    """
+    T, E, K = 5, 13, 4
+    logits, ids, w = routing(T, E, K, seed=12)
+    hidden = torch.randn(T, H, device=DEVICE)
+    pred = predictor(E, H, seed=12)
+    budget = torch.tensor([4, -1, 4, -1, 6], device=DEVICE)
+    cfg = SelectionConfig(policy="base")
+    want = select_experts(logits, ids, w, hidden, budget, 0, cfg, pred)
+    ids_pad = ids.clone()
+    ids_pad[budget < 0] = -1
+    got = base_select_experts(logits, ids_pad, w, hidden, budget, 0, cfg, pred)
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=W_ATOL)
