@@ -1,7 +1,14 @@
 """Shared fixtures: seeding, the gpu marker, and a clean MoE-hook context for every test."""
 
+import os
+
 import pytest
 import torch
+
+# kernels: without a GPU, tests/kernels run Triton on its CPU interpreter; the variable must be set
+# before anything imports triton (transformers' model classes do), so it is set here, first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
