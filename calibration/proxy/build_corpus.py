@@ -42,6 +42,7 @@ class Source:
     licence: str
     what: str
     extract: Callable[[str], Iterator[Doc]]  # package root -> documents
+    ship_heldout: bool = True  # False: copyleft text (MPL), kept out of the shipped heldout.txt
 
 
 # ---------------------------------------------------------------- helpers
@@ -233,7 +234,7 @@ SOURCES: tuple[Source, ...] = (
     Source("nodedoc", "nodejs-doc", "MIT", "Node.js API docs, *.md.gz",
            text_files(f"{_DOC}/nodejs/api/*.md.gz")),
     Source("lodoc", "libreoffice-help-en-us", "MPL-2.0", "LibreOffice help, HTML to text",
-           html_files("usr/share/libreoffice/help/en-US/**/*.html")),
+           html_files("usr/share/libreoffice/help/en-US/**/*.html"), ship_heldout=False),
     Source("austen", "r-cran-janeaustenr", "public domain text (MIT package)", "6 Jane Austen novels",
            rdata_lines("usr/lib/R/site-library/janeaustenr/data/Rdata.rdx")),
     Source("webbible", "sword-text-web", "public domain", "World English Bible (SWORD zText)",
@@ -401,10 +402,14 @@ def build(work: str, update: bool, piece_kb: int, per_mille: int, only: set[str]
 
 
 def write_heldout(work: str, path: str) -> int:
-    """All held-out documents, in source order, as base_sglang/data/heldout.txt (see assets.py)."""
+    """The held-out documents of every redistributable source, in source order, in the
+    base_sglang/data/heldout.txt format (see assets.py)."""
     meta = json.load(open(os.path.join(work, "sources.json")))
+    shipped = {s.key for s in SOURCES if s.ship_heldout}
     docs = []
     for key in meta["sources"]:
+        if key not in shipped:
+            continue
         with open(os.path.join(work, "clean", f"{key}.val.jsonl")) as f:
             docs += [(key, json.loads(line)["text"]) for line in f]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

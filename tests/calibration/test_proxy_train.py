@@ -103,3 +103,32 @@ def test_routing_stats_known_values():
     u = union_curve((logits,), 2, 4, 1, (1, 2))
     assert u["mean"][1] == 1.0 and u["mean"][2] == 2.0
     assert u["uniform"][2] == pytest.approx(4 * (1 - 0.75**2))
+
+
+def test_heldout_format_roundtrip_and_shipped_file(tmp_path):
+    from base_sglang.calibration.proxy.assets import HELDOUT_TXT, format_heldout, read_heldout
+
+    docs = [("pydoc", "Lists\n=====\n\nA list <<<is>>> mutable.\n"), ("gosrc", "package main\n")]
+    path = tmp_path / "h.txt"
+    path.write_text(format_heldout(docs), encoding="utf-8")
+    assert read_heldout(str(path)) == docs
+    assert read_heldout(str(path), sources={"gosrc"}) == docs[1:]
+    with pytest.raises(ValueError, match="header"):
+        format_heldout([("x", "a\n<<<y>>>\nb\n")])
+    shipped = read_heldout(HELDOUT_TXT)
+    keys = {k for k, _ in shipped}
+    assert len(shipped) > 100 and "lodoc" not in keys and {"gosrc", "austen", "pydoc"} <= keys
+
+
+def test_html_to_text_keeps_main_content_and_pre():
+    from base_sglang.calibration.proxy.html_text import html_to_text
+
+    page = b"""<html><head><title>t</title><script>var x=1;</script></head><body>
+    <div class="sphinxsidebar">Navigation junk</div>
+    <div role="main"><h1>Title</h1><p>Some   <b>bold</b>
+    text.</p><pre>def f():
+        return 1</pre><ul><li>one</li><li>two</li></ul></div></body></html>"""
+    text = html_to_text(page)
+    # runs of spaces collapse, source line breaks inside a paragraph stay, <pre> is verbatim
+    assert text == "Title\n\nSome bold\ntext.\n\ndef f():\n        return 1\n\none\n\ntwo\n"
+    assert html_to_text(b"   ") == ""
