@@ -136,21 +136,27 @@ def test_console_script_and_plugin_entry_point_exist(stages, pyproject):
     assert installed.get("base") == plugins["base"]
 
 
-def test_base_serve_parses_what_the_images_and_compose_pass(stages):
+def test_base_serve_parses_what_the_images_and_compose_pass(stages, monkeypatch):
     from base_sglang.server.__main__ import build_parser
     from base_sglang.server.settings import Settings
 
-    parser = build_parser(Settings())
-    args, extra = parser.parse_known_args(stages["cpu"].last("ENTRYPOINT").words[1:])
+    args, extra = build_parser(Settings()).parse_known_args(stages["cpu"].last("ENTRYPOINT").words[1:])
     assert extra == [] and args.backend == "native" and (args.host, args.port) == ("0.0.0.0", 8000)
     gpu_entry = stages["gpu"].last("ENTRYPOINT").words[1:]
     compose = interpolate(yaml.safe_load(COMPOSE.read_text()), read_env_file(ENV_EXAMPLE))
     for name, tp in (("replica-0", "1"), ("replica-tp2-0", "2")):
-        args, extra = parser.parse_known_args(gpu_entry + compose["services"][name]["command"])
+        service = compose["services"][name]
+        for key, value in service["environment"].items():  # as the container sees them
+            monkeypatch.setenv(key, value)
+        args, extra = build_parser(Settings()).parse_known_args(gpu_entry + service["command"])
+        env = service["environment"]
         assert args.backend == "sglang" and (args.host, args.port) == ("0.0.0.0", 8000)
-        assert args.predictor == compose["services"][name]["environment"]["BASE_PREDICTOR"]
-        assert int(args.min_budget) <= int(args.default_budget) <= int(args.max_budget)
-        # what base-serve does not know goes to SGLang: exactly these flags, with their values
+        assert (args.model, args.predictor, args.api_key) == (
+            env["BASE_MODEL"], env["BASE_PREDICTOR"], env["BASE_API_KEY"])
+        assert (str(args.default_budget), str(args.min_budget), str(args.max_budget)) == (
+            env["BASE_DEFAULT_BUDGET"], env["BASE_MIN_BUDGET"], env["BASE_MAX_BUDGET"])
+        assert args.max_running_requests == int(env["BASE_MAX_RUNNING_REQUESTS"])
+        # what base-serve does not know goes on to SGLang: exactly these flags, with their values
         assert extra == ["--tp-size", tp, "--moe-runner-backend", "triton", "--mem-fraction-static", "0.85"]
 
 
