@@ -6,7 +6,7 @@ this package patches nothing. BASE is switched on by BASE_PREDICTOR (see plugin/
 without it every hook passes through.
 
 The hooks, in the order a request meets them (details in plugin/hooks.py):
-  ServerArgs.__post_init__            AFTER   refuse EP/DeepEP, DP attention, EPLB, spec decoding ...
+  ServerArgs.check_server_args        BEFORE  refuse EP/DeepEP, DP attention, EPLB, spec decoding ...
   TokenizerManager.generate_request   BEFORE  validate budgets, copy X-Expert-Budget into custom_params
   ModelRunner.load_model              AFTER   load + validate the predictor (target model only)
   ModelRunner.init_cuda_graphs        BEFORE  allocate the static budget buffer
@@ -22,7 +22,8 @@ from . import hooks
 
 _SRT = "sglang.srt"
 TARGETS = (  # (target, hook, hook type name)
-    (f"{_SRT}.server_args.ServerArgs.__post_init__", hooks.after_server_args, "AFTER"),
+    (f"{_SRT}.server_args.ServerArgs.check_server_args", hooks.before_check_server_args,
+     "BEFORE"),
     (f"{_SRT}.managers.tokenizer_manager.TokenizerManager.generate_request",
      hooks.before_generate_request, "BEFORE"),
     (f"{_SRT}.model_executor.model_runner.ModelRunner.load_model", hooks.after_load_model, "AFTER"),

@@ -21,8 +21,9 @@ log = logging.getLogger("base_sglang.plugin")
 
 
 # ---- main process -------------------------------------------------------------------------------
-def after_server_args(result, server_args, *args, **kwargs):
-    """ServerArgs.__post_init__ AFTER: refuse unsupported settings before anything starts."""
+def before_check_server_args(server_args, *args, **kwargs):
+    """ServerArgs.check_server_args BEFORE: Engine and launch_server call it before starting any
+    process. (ServerArgs is a msgspec Struct: a hook on its __post_init__ would never run.)"""
     if state.STATE.config_error:
         raise ValueError(state.STATE.config_error)
     if state.STATE.config.enabled:

@@ -1,0 +1,148 @@
+"""The TopK hook inside real sglang: entry-point discovery, equality with the core, pass-through."""
+
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+import torch
+from conftest import E, H, K, forward_batch, model_runner
+
+from base_sglang.core import SelectionConfig, select_experts
+from base_sglang.plugin import TARGETS, hooks
+
+
+def test_load_plugins_discovers_entry_point_and_applies_every_hook(plugin_env):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    assert plugin_env["patched_by_import"] is False  # importing base_sglang.plugin patched nothing
+    missing = [t for t, _, _ in TARGETS if t not in HookRegistry._patched]
+    assert missing == []  # every target exists in sglang 0.5.23 and was wrapped
+    for target, _hook, _ in TARGETS:
+        owner, attr = target.rsplit(".", 1)
+        assert hasattr(getattr(pkgutil.resolve_name(owner), attr), "__wrapped__"), target
+    assert isinstance(ForwardBatch.__dict__["init_new"], classmethod)
+
+
+def _topk(layer_id=1, renormalize=True, is_draft=False):
+    from sglang.srt.layers.moe.topk import TopK
+
+    return TopK(top_k=K, layer_id=layer_id, renormalize=renormalize, is_draft=is_draft)
+
+
+def _inputs(T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, H, generator=g), torch.randn(T, E, generator=g)  # [T, H], [T, E]
+
+
+def _core(st, dense, hidden, logits, budgets, layer_id, renormalize=True):
+    T = hidden.shape[0]
+    b = torch.tensor(list(budgets) + [-1] * (T - len(budgets)))  # [T] padded rows -1
+    return select_experts(logits, dense.topk_ids, dense.topk_weights, hidden, b, layer_id,
+                          SelectionConfig(), st.predictor, norm_topk_prob=renormalize)
+
+
+@pytest.mark.parametrize("budgets, T", [
+    ([2, 2, 2, 2, 2, 2], 6),  # uniform small budget
+    ([1, 3, 2, 8, 1], 8),  # mixed budgets (one dense -> batch dense) + 3 padded graph rows
+    ([1, 2, 1, 1], 6),  # mixed small budgets + 2 padded rows
+    ([3], 1),  # batch of one
+])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_forward_native_equals_core(base_state, budgets, T, renormalize):
+    topk = _topk(layer_id=1, renormalize=renormalize)
+    hidden, logits = _inputs(T, seed=len(budgets) + T)
+    dense = topk.forward_native(hidden, logits)  # gate closed: SGLang's own output
+    with base_state.decode_step(budgets) as on:
+        assert on
+        out = topk(hidden, logits)  # through BaseFusedOp dispatch, as the model calls it
+    want = _core(base_state, dense, hidden, logits, budgets, 1, renormalize)
+    assert out.topk_ids.dtype == dense.topk_ids.dtype
+    assert torch.equal(out.topk_ids, want.ids)
+    torch.testing.assert_close(out.topk_weights, want.weights, rtol=0, atol=0)
+    assert torch.equal(out.router_logits, logits)
+    n = len(budgets)
+    assert (out.topk_ids[n:] == -1).all() and (out.topk_weights[n:] == 0).all()  # padded rows
+    kept = torch.unique(out.topk_ids[out.topk_ids >= 0])
+    assert kept.numel() <= (E if max(budgets) >= E else max(budgets))
+    assert int(base_state.num_kept[1]) == kept.numel()  # per-layer counter of executed experts
+    assert int(base_state.num_union[1]) == torch.unique(dense.topk_ids[:n]).numel()
+
+
+def test_small_budget_changes_the_routing(base_state):
+    """Guard that the equality test above is not vacuous: budget 1 really drops experts."""
+    topk = _topk()
+    hidden, logits = _inputs(8, seed=3)
+    dense = topk.forward_native(hidden, logits)
+    with base_state.decode_step([1] * 8):
+        out = topk(hidden, logits)
+    assert torch.unique(dense.topk_ids).numel() > 1
+    assert torch.unique(out.topk_ids[out.topk_ids >= 0]).numel() == 1
+
+
+def _through_forward_raw(st, runner, fb, topk, hidden, logits):
+    """Run one TopK call inside the real _forward_raw hook (the model forward reduced to TopK)."""
+    return hooks.around_forward_raw(lambda r, b: topk(hidden, logits), runner, fb)
+
+
+@pytest.mark.parametrize("mode", ["EXTEND", "MIXED", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "SPLIT_PREFILL"])
+def test_non_decode_forwards_pass_through(base_state, mode):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    topk = _topk()
+    hidden, logits = _inputs(6)
+    dense = topk.forward_native(hidden, logits)
+    fb = forward_batch(getattr(ForwardMode, mode), 6)
+    fb.base_budgets = [1] * 6  # even with budgets attached, only DECODE opens the gate
+    out = _through_forward_raw(base_state, model_runner(), fb, topk, hidden, logits)
+    assert torch.equal(out.topk_ids, dense.topk_ids)
+    assert torch.equal(out.topk_weights, dense.topk_weights)
+    assert not base_state.active
+
+
+def test_decode_forward_applies_and_draft_passes_through(base_state):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    hidden, logits = _inputs(6)
+    topk = _topk()
+    dense = topk.forward_native(hidden, logits)
+    fb = forward_batch(ForwardMode.DECODE, 6)
+    fb.base_budgets = [1] * 6
+    out = _through_forward_raw(base_state, model_runner(), fb, topk, hidden, logits)
+    want = _core(base_state, dense, hidden, logits, [1] * 6, 1)
+    assert torch.equal(out.topk_ids, want.ids)
+    # a draft model's runner, and a draft model's TopK inside a target decode step: unchanged
+    out = _through_forward_raw(base_state, model_runner(is_draft_worker=True), fb, topk, hidden,
+                               logits)
+    assert torch.equal(out.topk_ids, dense.topk_ids)
+    out = _through_forward_raw(base_state, model_runner(), fb, _topk(is_draft=True), hidden, logits)
+    assert torch.equal(out.topk_ids, dense.topk_ids)
+
+
+def test_layer_outside_the_predictor_passes_through(base_state):
+    topk = _topk(layer_id=5)  # the predictor covers layers 0 and 1
+    hidden, logits = _inputs(4)
+    dense = topk.forward_native(hidden, logits)
+    with base_state.decode_step([1] * 4):
+        out = topk(hidden, logits)
+    assert torch.equal(out.topk_ids, dense.topk_ids)
+
+
+def test_decode_capture_opens_the_gate_for_target_decode_graphs_only(base_state):
+    """DecodeCudaGraphRunner.capture AROUND: on for target DECODE capture, off otherwise."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    def graph_runner(mode, draft=False, max_bs=32):  # stand-in: the attributes the hook reads
+        return SimpleNamespace(capture_forward_mode=mode, max_bs=max_bs,
+                               model_runner=model_runner(is_draft_worker=draft))
+
+    seen = lambda gr: base_state.active  # what a TopK call inside the capture would see
+    assert hooks.around_decode_capture(seen, graph_runner(ForwardMode.DECODE)) is True
+    assert base_state.budget.numel() >= 32  # grown to the largest captured batch before capture
+    assert (base_state.budget == -1).all()  # capture leaves the buffer as padding
+    assert hooks.around_decode_capture(seen, graph_runner(ForwardMode.TARGET_VERIFY)) is False
+    assert hooks.around_decode_capture(seen, graph_runner(ForwardMode.DECODE, draft=True)) is False
+    assert not base_state.active
