@@ -6,8 +6,11 @@
 Starts `python -m base_sglang.server` in a subprocess (policy base, max 32 running requests), then for
 each budget and concurrency C runs C closed-loop clients, each sending `--rounds` streaming
 completions (distinct prompts, greedy, ignore_eos, --max-tokens tokens). One warm-up request per
-budget is not counted. Reports output tokens/s over the wall time of the level, mean time to first
-token, mean request latency and the mean experts executed per MoE layer (from the usage objects).
+level is not counted. The whole grid is run --repeats times, interleaved (the machine may be shared),
+and each level reports the median tokens/s over the repeats (all repeats are kept in the JSON). Reports output tokens/s over the wall time of the level, mean time to first
+token, mean request latency, the mean experts executed per MoE layer (from the usage objects), and
+tokens per CPU-second of the server process (user + system time from /proc): on a shared machine wall
+time swings with the neighbours' load, CPU time much less.
 Without the proxy model it builds a random Qwen3-MoE of the proxy's shape (hidden 256, 6 layers, 32
 experts, top-4, vocab 8192) and says so in the results.
 Writes serving_cpu.csv / .json under --out with CPU name, commit, load average and settings.
@@ -102,9 +105,16 @@ async def one_request(client: httpx.AsyncClient, prompt: str, budget: str, max_t
     return ttft or 0.0, time.perf_counter() - t0, usage
 
 
-async def run_level(url: str, concurrency: int, budget: str, args) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_level(url: str, concurrency: int, budget: str, args, pid: int) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await one_request(client, "warm up", budget, 4)
+        cpu0 = cpu_seconds(pid)
 
         async def worker(w: int):
             return [await one_request(client, f"Request {w}-{r}: the quick brown fox", budget,
@@ -113,17 +123,30 @@ async def run_level(url: str, concurrency: int, budget: str, args) -> dict:
         t0 = time.perf_counter()
         per_worker = await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
+        cpu = cpu_seconds(pid) - cpu0
     results = [x for w in per_worker for x in w]
     tokens = sum(u["completion_tokens"] for _, _, u in results)
     experts = [u["experts_per_layer"] for _, _, u in results if u["experts_per_layer"]]
     dense = [u["experts_per_layer_dense"] for _, _, u in results if u["experts_per_layer_dense"]]
     return {"concurrency": concurrency, "budget": budget, "requests": len(results),
             "output_tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 2),
+            "tokens_per_s": round(tokens / wall, 2), "server_cpu_s": round(cpu, 3),
+            "tokens_per_cpu_s": round(tokens / cpu, 2),
             "mean_ttft_s": round(sum(t for t, _, _ in results) / len(results), 4),
             "mean_latency_s": round(sum(lat for _, lat, _ in results) / len(results), 4),
             "experts_per_layer": round(sum(experts) / len(experts), 2) if experts else None,
             "experts_per_layer_dense": round(sum(dense) / len(dense), 2) if dense else None}
+
+
+def median_row(reps: list[dict]) -> dict:
+    """The repeat with the median tokens/s (its other fields stay consistent with it)."""
+    ordered = sorted(reps, key=lambda r: r["tokens_per_s"])
+    row = dict(ordered[len(ordered) // 2])
+    row["tokens_per_s_all"] = [r["tokens_per_s"] for r in reps]
+    cpu = sorted(r["tokens_per_cpu_s"] for r in reps)
+    row["tokens_per_cpu_s"] = cpu[len(cpu) // 2]  # median on its own
+    row["tokens_per_cpu_s_all"] = [r["tokens_per_cpu_s"] for r in reps]
+    return row
 
 
 def main() -> None:
@@ -134,6 +157,7 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="+", default=["dense", "8"])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-threads", type=int, default=None)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="serving_cpu")
@@ -144,26 +168,37 @@ def main() -> None:
         port = s.getsockname()[1]
     load_before = os.getloadavg()
     proc = start_server(model, port, args)
-    rows = []
+    runs: dict[tuple[str, int], list[dict]] = {}
     try:
-        for budget in args.budgets:
-            for c in args.concurrency:
-                row = asyncio.run(run_level(f"http://127.0.0.1:{port}", c, budget, args))
-                rows.append(row)
-                print(f"budget={budget:>6} C={c:>3}  {row['tokens_per_s']:8.1f} tok/s  "
-                      f"ttft {row['mean_ttft_s']:.3f}s  latency {row['mean_latency_s']:.2f}s  "
-                      f"experts/layer {row['experts_per_layer']} (dense {row['experts_per_layer_dense']})",
-                      flush=True)
+        for rep in range(args.repeats):
+            for budget in args.budgets:
+                for c in args.concurrency:
+                    row = asyncio.run(run_level(f"http://127.0.0.1:{port}", c, budget, args,
+                                                proc.pid))
+                    runs.setdefault((budget, c), []).append(row)
+                    print(f"[{rep + 1}/{args.repeats}] budget={budget:>6} C={c:>3} "
+                          f"{row['tokens_per_s']:8.1f} tok/s {row['tokens_per_cpu_s']:8.1f} tok/cpu-s",
+                          flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    rows = [median_row(reps) for reps in runs.values()]
+    print(f"{'budget':>7} {'C':>3} {'tok/s':>8} {'tok/cpu-s':>9} {'ttft s':>7} {'lat s':>6} "
+          f"{'experts/layer':>14} {'dense':>6}")
+    for r in rows:
+        print(f"{r['budget']:>7} {r['concurrency']:>3} {r['tokens_per_s']:8.1f} "
+              f"{r['tokens_per_cpu_s']:9.1f} "
+              f"{r['mean_ttft_s']:7.3f} {r['mean_latency_s']:6.2f} {r['experts_per_layer']!s:>14} "
+              f"{r['experts_per_layer_dense']!s:>6}")
     meta = {"cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit(), "model": model_desc,
             "policy": args.policy, "max_tokens": args.max_tokens, "rounds": args.rounds,
-            "num_threads": args.num_threads, "loadavg_before": load_before,
+            "num_threads": args.num_threads, "repeats": args.repeats, "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    all_runs = [r for reps in runs.values() for r in reps]
+    (out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": all_runs},
+                                                     indent=2))
     with open(out / f"{args.tag}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*rows[0], "cpu", "commit", "model"])
         w.writeheader()
