@@ -1,0 +1,216 @@
+"""base-serve --backend sglang: argument mapping, startup checks, budget plumbing, output mapping.
+
+Starting SGLang's Engine needs a GPU node (and the sgl-kernel wheel), so the route test at the end
+drives our real app and SGLangBackend against `FakeEngine`: a deliberately minimal stand-in for
+sglang.Engine that records what async_generate receives and streams outputs in the exact shape
+SGLang's TokenizerManager yields with incremental_streaming_output. Everything else here runs the
+real code: SGLang's own argument parser, ServerArgs, the plugin hooks, SamplingParams and Req.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from base_sglang.server.backends import sglang as backend
+from base_sglang.server.settings import Settings
+from conftest import E
+from test_budgets import _generate, _scheduled_req
+
+from base_sglang.core import PredictorMismatch
+from base_sglang.engine import SamplingParams
+from base_sglang.plugin.budget import DENSE, token_budgets
+from base_sglang.plugin.checks import UnsupportedConfig
+
+ENV_KEYS = ("BASE_PREDICTOR", "BASE_POLICY", "BASE_DEFAULT_BUDGET", "SGLANG_PLUGINS")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from base_sglang.engine.tiny import create_tiny_moe
+
+    return create_tiny_moe(tmp_path_factory.mktemp("tiny-sglang"), num_experts=E)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """Settings reads BASE_* (the session set some for the plugin) and create_backend writes them:
+    start each test without them; monkeypatch restores the session's values afterwards."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def _settings(model, *backend_args, **fields):
+    return Settings(model=str(model), backend="sglang", backend_args=list(backend_args), **fields)
+
+
+def test_server_args_from_base_serve_flags(plugin_env, tiny_model):
+    args = backend.build_server_args(_settings(tiny_model, "--tp-size", "2",
+                                               "--mem-fraction-static=0.7",
+                                               max_running_requests=48, served_model_name="m"))
+    assert (args.model_path, args.tp_size, args.mem_fraction_static) == (str(tiny_model), 2, 0.7)
+    assert args.max_running_requests == 48 and args.served_model_name == "m"
+    assert args.moe_runner_backend == "triton"  # BASE's runner unless the operator chose one
+    assert args.incremental_streaming_output is True  # request_output() reads deltas
+    chosen = backend.build_server_args(_settings(tiny_model, "--moe-runner-backend", "auto"))
+    assert chosen.moe_runner_backend == "auto"
+
+
+@pytest.mark.parametrize("args, name", [(["--tp-size", "two"], "--tp-size"),
+                                        (["--no-such-flag"], "--no-such-flag")])
+def test_bad_sglang_arguments_are_named(plugin_env, tiny_model, args, name):
+    with pytest.raises(ValueError, match=name):
+        backend.build_server_args(_settings(tiny_model, *args))
+
+
+def test_preflight_finds_predictor_and_experts(tiny_model):
+    predictor, num_experts = backend.preflight(_settings(tiny_model))
+    assert predictor == str(tiny_model / "predictor.safetensors") and num_experts == E
+
+
+def test_preflight_errors_name_the_option(tiny_model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model: "):
+        backend.preflight(_settings(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="predictor: "):
+        backend.preflight(_settings(tiny_model, predictor=str(tmp_path / "p.safetensors")))
+    with pytest.raises(ValueError, match="default_budget"):
+        backend.preflight(_settings(tiny_model, default_budget="9"))  # the model has 8 experts
+    from conftest import make_predictor
+
+    make_predictor(num_experts=4).save(tmp_path / "other.safetensors")
+    with pytest.raises(PredictorMismatch, match="'hidden_size'|'num_experts'"):
+        backend.preflight(_settings(tiny_model, predictor=str(tmp_path / "other.safetensors")))
+
+
+def test_dense_policy_needs_no_predictor(tmp_path):
+    from base_sglang.engine.tiny import create_tiny_moe
+
+    model = create_tiny_moe(tmp_path / "m", num_experts=E, with_predictor=False)
+    assert backend.preflight(_settings(model, policy="dense")) == (None, E)
+
+
+def test_unsupported_sglang_settings_are_refused_before_the_engine_starts(
+        plugin_env, tiny_model, monkeypatch):
+    import os
+
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    with pytest.raises(UnsupportedConfig, match="--ep-size 2"):
+        backend.create_backend(_settings(tiny_model, "--ep-size", "2", "--tp-size", "2",
+                                         default_budget="4"))
+    # the plugin configuration SGLang's processes would inherit
+    assert os.environ["BASE_PREDICTOR"] == str(tiny_model / "predictor.safetensors")
+    assert os.environ["BASE_DEFAULT_BUDGET"] == "4" and os.environ["BASE_POLICY"] == "base"
+    assert os.environ["SGLANG_PLUGINS"] == "other,base"
+
+
+@pytest.mark.parametrize("budget, want", [(3, 3), (DENSE, DENSE), (None, 5)])
+def test_budget_reaches_sglang_requests(base_state, budget, want):
+    """sampling params -> the plugin's generate_request hook -> SGLang SamplingParams -> Req."""
+    params = SamplingParams(temperature=0.0, max_tokens=7, stop=("\n",), top_k=20, seed=3)
+    sp = backend.sglang_sampling_params(params, budget)
+    assert sp["max_new_tokens"] == 7 and sp["stop"] == ["\n"] and sp["top_k"] == 20
+    assert sp["sampling_seed"] == 3 and sp["temperature"] == 0.0
+    obj = _generate(sp)  # the same call Engine.async_generate makes (no HTTP request)
+    req = _scheduled_req("r", obj.sampling_params)
+    assert req.sampling_params.max_new_tokens == 7
+    assert token_budgets([req], default=5) == [want]  # 5 = BASE_DEFAULT_BUDGET fallback
+
+
+def _chunk(text, ids, completion_tokens, finish=None, logprobs=None):
+    meta = {"id": "r", "prompt_tokens": 3, "completion_tokens": completion_tokens,
+            "finish_reason": finish}
+    if logprobs is not None:
+        meta["output_token_logprobs"] = [(lp, tid, None) for lp, tid in logprobs]
+        meta["output_top_logprobs"] = [[(lp, tid, None), (lp - 1.0, tid + 1, None)]
+                                       for lp, tid in logprobs]
+        meta["input_token_logprobs"] = [(None, 1, None), (-0.5, 2, None), (-0.25, 3, None)]
+        meta["input_top_logprobs"] = [None, [(-0.5, 2, None)], [(-0.25, 3, None)]]
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def test_request_output_maps_sglang_stream_chunks():
+    params = SamplingParams(max_tokens=4, logprobs=1, prompt_logprobs=1)
+    first = backend.request_output(_chunk("He", [5], 1, logprobs=[(-0.1, 5)]), "r", 3, params, True)
+    assert (first.text, first.token_ids, first.finished, first.finish_reason) == ("He", [5], False,
+                                                                                 None)
+    assert first.logprobs[0].token_id == 5 and first.logprobs[0].top == {5: -0.1, 6: -1.1}
+    assert first.prompt_logprobs[0] is None and first.prompt_logprobs[2].logprob == -0.25
+    last = backend.request_output(_chunk("llo", [6, 7], 3, {"type": "length", "length": 3},
+                                         logprobs=[(-0.2, 6), (-0.3, 7)]), "r", 3, params, False)
+    assert (last.finished, last.finish_reason, last.num_output_tokens) == (True, "length", 3)
+    assert last.prompt_logprobs is None and [lp.token_id for lp in last.logprobs] == [6, 7]
+    stop = backend.request_output(_chunk("", [], 1, {"type": "stop", "matched": 2}), "r", None,
+                                  SamplingParams(), False)
+    assert stop.finish_reason == "stop" and stop.budget == DENSE and stop.logprobs is None
+    abort = backend.request_output(_chunk("", [], 1, {"type": "abort", "message": "x"}), "r", 2,
+                                   SamplingParams(), False)
+    assert abort.finish_reason == "abort"
+
+
+class FakeEngine:
+    """Minimal stand-in for sglang.Engine (see the module docstring): async_generate + shutdown."""
+
+    def __init__(self, tokenizer):
+        from types import SimpleNamespace
+
+        self.calls, self.aborted, self.stopped = [], [], False
+        self.tokenizer_manager = SimpleNamespace(context_len=256, tokenizer=tokenizer,
+                                                 rid_to_state={}, abort_request=self._abort)
+
+    def _abort(self, rid):
+        self.aborted.append(rid)
+
+    async def async_generate(self, **kwargs):
+        self.calls.append(kwargs)
+
+        async def stream():
+            yield _chunk("Hello", [11], 1)
+            yield _chunk(" world", [12], 2, {"type": "length", "length": 2})
+
+        return stream()
+
+    def shutdown(self):
+        self.stopped = True
+
+
+def test_openai_routes_over_the_sglang_backend(plugin_env, tiny_model):
+    from base_sglang.server.app import create_app
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    engine = FakeEngine(AutoTokenizer.from_pretrained(tiny_model))
+    be = backend.SGLangBackend(engine, "tiny", num_experts=E, policy="base")
+    app = create_app(be, Settings(model=str(tiny_model), backend="sglang", default_budget="6"))
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", headers={"X-Expert-Budget": "3"},
+                        json={"model": "tiny", "prompt": "hi there", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["text"] == "Hello world"
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 2 and body["usage"]["expert_budget"] == 3
+        call = engine.calls[-1]
+        assert call["sampling_params"]["custom_params"] == {"expert_budget": 3}
+        assert call["sampling_params"]["max_new_tokens"] == 2 and call["stream"] is True
+        assert call["input_ids"] == AutoTokenizer.from_pretrained(tiny_model).encode("hi there")
+
+        r = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "expert_budget": "dense", "stream": True})
+        events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e.get("choices")) == "Hello world"
+        assert "custom_params" in engine.calls[-1]["sampling_params"]
+        assert engine.calls[-1]["sampling_params"]["custom_params"]["expert_budget"] == DENSE
+
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+        assert engine.calls[-1]["sampling_params"]["custom_params"] == {"expert_budget": 6}
+
+        r = client.post("/v1/completions", headers={"X-Expert-Budget": "0"},
+                        json={"model": "tiny", "prompt": "hi"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-Expert-Budget"
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                 "max_tokens": 400})
+        assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+        assert "base_requests_total" in client.get("/metrics").text
+    assert engine.stopped
