@@ -222,3 +222,18 @@ def test_failed_prefill_fails_only_the_new_request(engine, monkeypatch):
         assert out.request_id == rid
         got += out.token_ids
     assert got == solo and engine.runner.kv.num_rows == 0
+
+
+@pytest.mark.gpu
+def test_cuda_engine_dense_matches_generate_and_budget_holds(tiny_model_dir):
+    eng = LLMEngine(EngineConfig(model=str(tiny_model_dir), policy="base", device="cuda",
+                                 dtype="float32"))
+    results = eng.generate(PROMPTS, GREEDY, budget=DENSE)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).cuda().eval()
+    for prompt, (ids, _, _) in zip(PROMPTS, results):
+        enc = eng.tokenizer(prompt, return_tensors="pt").input_ids.cuda()
+        with torch.no_grad():
+            ref = model.generate(enc, max_new_tokens=8, do_sample=False)[0, enc.shape[1]:]
+        assert ids == ref.tolist()
+    eng.generate(PROMPTS, SamplingParams(temperature=0.7, max_tokens=8, seed=3), budget=2)
+    assert all(max(s.experts_executed) <= 2 for s in eng.stats.decode_steps()[-7:])
