@@ -37,12 +37,28 @@ def run_expert(experts: nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
     return F.linear(experts.act_fn(gate) * up, down)  # [n, H]
 
 
-def routed_outputs(x: torch.Tensor, ids: torch.Tensor, experts: nn.Module) -> torch.Tensor:
-    """Unweighted E_{ids[t,k]}(x[t]) for every routed slot, fp32 [T, K, H]."""
+def all_expert_outputs(x: torch.Tensor, experts: nn.Module) -> torch.Tensor:
+    """Every expert on every token, fp32 [E, T, H] (one linear + one batched matmul). x [T, H]."""
+    E, I2, H = experts.gate_up_proj.shape
+    h = F.linear(x.float(), experts.gate_up_proj.float().reshape(E * I2, H))  # [T, E*2I]
+    gate, up = h.view(-1, E, I2).transpose(0, 1).chunk(2, dim=-1)  # [E, T, I] each
+    return torch.bmm(experts.act_fn(gate) * up, experts.down_proj.float().transpose(1, 2))  # [E, T, H]
+
+
+def routed_outputs(x: torch.Tensor, ids: torch.Tensor, experts: nn.Module,
+                   dense_tokens: int = 64) -> torch.Tensor:
+    """Unweighted E_{ids[t,k]}(x[t]) for every routed slot, fp32 [T, K, H].
+
+    Up to dense_tokens tokens (a decode step) every expert runs on every token in two batched matmuls
+    and the routed slots are gathered; larger batches loop over the experts present.
+    """
     T, K = ids.shape
-    out = torch.zeros(T * K, x.shape[-1], dtype=torch.float32, device=x.device)  # [T*K, H]
+    if T <= dense_tokens:
+        outs = all_expert_outputs(x, experts)  # [E, T, H]
+        return outs[ids.long(), torch.arange(T, device=x.device)[:, None]]  # [T, K, H]
     flat = ids.reshape(-1).long()  # [T*K]
     tok = torch.arange(T, device=x.device).repeat_interleave(K)  # [T*K]
+    out = torch.zeros(T * K, x.shape[-1], dtype=torch.float32, device=x.device)  # [T*K, H]
     for e in torch.unique(flat).tolist():
         sel = (flat == e).nonzero().squeeze(1)  # [n]
         out[sel] = run_expert(experts, e, x[tok[sel]])
@@ -168,7 +184,6 @@ class LayerStats:
 
     def _sere(self, x: torch.Tensor, experts: nn.Module, chunk: int = 256) -> None:
         for i in range(0, x.shape[0], chunk):
-            xc = x[i:i + chunk]  # [c, H]
-            o = torch.stack([run_expert(experts, e, xc) for e in range(self.E)])  # [E, c, H]
+            o = all_expert_outputs(x[i:i + chunk], experts)  # [E, c, H]
             o = o.reshape(self.E, -1).double()  # [E, c*H]
             self.gram += o @ o.T

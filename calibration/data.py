@@ -84,7 +84,7 @@ def split_documents(docs: list[str], split: str, eval_percent: int = DEFAULT_EVA
 
 def tokenize_documents(tokenizer, docs: list[str]) -> list[list[int]]:
     """Token ids per document (no special tokens added)."""
-    return [list(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in docs]
+    return [list(tokenizer(d, add_special_tokens=False, verbose=False)["input_ids"]) for d in docs]
 
 
 def windows(doc_ids: list[list[int]], length: int, limit: int | None = None,

@@ -41,22 +41,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(ALL_POLICIES),
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
-                   help="M / D values (default: k, 1.5k, 2k, 2.5k, 3k, 4k, 5k and half the dense union)")
+                   help="M / D values (default: k, 1.5k, 2k, 3k, 4k and half the dense union)")
     p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1, see base-calibrate --help; 0 = torch default)")
     p.add_argument("--quiet", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
+    threads = torch.get_num_threads()
     try:
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
         return run(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"base-eval: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _validate(args) -> list[str]:
@@ -90,8 +98,6 @@ def run(args) -> int:
     from base_sglang.engine.moe_hook import MoEPatch
 
     policies = _validate(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t0 = time.time()
     model, tokenizer = load_model(args.model, args.device, args.dtype)
     predictor = Predictor.load(args.predictor) if args.predictor else None

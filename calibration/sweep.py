@@ -13,14 +13,13 @@ BUDGETED = ("base", "oracle", "gate_sum", "frequency", "exfold")  # kept-set siz
 ALL_POLICIES = ("base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere", "lynx")
 NEEDS_PREDICTOR = ("base", "sere", "exfold", "frequency")
 KNOB = {"base": "M", "oracle": "M", "gate_sum": "M", "frequency": "M", "exfold": "D"}
-SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.1, 0.3)]
-LYNX_GRID = [(a, b) for a in (0.5, 1.0, 2.0, 4.0) for b in (1, 3, 5)]
+SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.3)]
+LYNX_GRID = [(a, b) for a in (1.0, 2.0, 4.0) for b in (2, 5)]
 
 
 def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
-    """k, 1.5k, 2k, 2.5k, 3k, 4k, 5k and half the dense union, below the expert count."""
-    ms = {top_k, round(1.5 * top_k), 2 * top_k, round(2.5 * top_k), 3 * top_k, 4 * top_k, 5 * top_k,
-          max(1, round(union / 2))}
+    """k, 1.5k, 2k, 3k, 4k and half the dense union, below the expert count."""
+    ms = {top_k, round(1.5 * top_k), 2 * top_k, 3 * top_k, 4 * top_k, max(1, round(union / 2))}
     return sorted(m for m in ms if 1 <= m < num_experts)
 
 

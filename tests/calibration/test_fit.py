@@ -145,6 +145,20 @@ def test_heldout_energy_oracle_dominates_and_spearman():
     assert -1 <= res["spearman_cost"] <= 1 and res["heldout_pairs"] == rows * S * K
 
 
+def test_routed_outputs_gather_and_loop_agree_with_core_reference():
+    from base_sglang.core import expert_output_norms
+
+    g = torch.Generator().manual_seed(4)
+    ex = _random_experts(16, 10, 6, g)
+    x = torch.randn(20, 10, generator=g)
+    ids = torch.randint(0, 16, (20, 3), generator=g)
+    gathered = routed_outputs(x, ids, ex)  # 20 tokens: all experts on all tokens, then gathered
+    looped = routed_outputs(x, ids, ex, dense_tokens=0)  # per-expert loop path
+    assert torch.allclose(gathered, looped, atol=1e-5)
+    ref = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj, ex.act_fn)
+    assert torch.allclose(gathered.norm(dim=-1), ref, rtol=1e-5)
+
+
 def test_spearman_is_rank_based():
     x = torch.linspace(-3, 3, 50)
     assert spearman(x, torch.exp(x)) == pytest.approx(1.0)
