@@ -98,10 +98,11 @@ def after_forward_batch_init(forward_batch, cls, batch, model_runner, *args, **k
 def around_forward_raw(original, runner, forward_batch, *args, **kwargs):
     """ModelRunner._forward_raw AROUND: fill the buffer and open the gate for decode forwards."""
     st = state.STATE
-    budgets = getattr(forward_batch, "base_budgets", None)
-    if (not st.enabled or runner.is_draft_worker or budgets is None
-            or not forward_batch.forward_mode.is_decode()):
+    if not st.enabled or runner.is_draft_worker or not forward_batch.forward_mode.is_decode():
         return original(runner, forward_batch, *args, **kwargs)
+    budgets = getattr(forward_batch, "base_budgets", None)
+    if budgets is None:  # built without init_new: default budgets, never stale graph inputs
+        budgets = [st.config.default_budget] * forward_batch.batch_size
     if st.budget is None:  # no init_cuda_graphs call in this runner: eager decode only
         st.ensure_buffer(max(runner.max_running_requests or 1, len(budgets)), runner.device)
     with st.decode_step(budgets):

@@ -143,3 +143,12 @@ def test_sglang_generate_route_answers_400_naming_the_header(base_state):
         http_server.set_global_state(previous)
     assert resp.status_code == 400
     assert "X-Expert-Budget: must be an integer" in json.loads(resp.body)["error"]["message"]
+
+
+def test_decode_batch_without_budgets_gets_the_default_not_stale_rows(base_state):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    base_state.fill([1] * 8)  # a previous step's budgets
+    fb = forward_batch(ForwardMode.DECODE, 3)  # never went through init_new
+    seen = hooks.around_forward_raw(lambda r, b: base_state.budget.clone(), model_runner(), fb)
+    assert seen.tolist()[:4] == [DEFAULT_BUDGET] * 3 + [-1]
