@@ -30,7 +30,7 @@ def _base_score_kernel(
     hidden_ptr, ids_ptr, w_ptr, budget_ptr, a_ptr, b_ptr, cost_ptr,
     H, stride_ht, stride_ae,
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
- USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()

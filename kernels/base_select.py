@@ -41,7 +41,7 @@ def _base_select_kernel(
     E: tl.constexpr, K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
     BACKFILL: tl.constexpr, RENORM: tl.constexpr,
- USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()

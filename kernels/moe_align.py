@@ -34,7 +34,7 @@ def _moe_align_kernel(
     ids_ptr, pair_list_ptr, counts_ptr, block_expert_ptr, block_row_ptr, num_blocks_ptr,
     P,
     E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr,
- USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()

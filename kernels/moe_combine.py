@@ -24,7 +24,7 @@ def _moe_combine_kernel(
     y_ptr, x_ptr, ids_ptr, w_ptr,
     H, stride_ym, stride_xm,
     E: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr,
- USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()

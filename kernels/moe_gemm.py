@@ -37,7 +37,7 @@ def _moe_gemm_kernel(
     A_DIV: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
     N_FAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
- USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()
