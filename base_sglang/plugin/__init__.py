@@ -11,6 +11,7 @@ The hooks, in the order a request meets them (details in plugin/hooks.py):
   ModelRunner.load_model              AFTER   load + validate the predictor (target model only)
   ModelRunner.init_cuda_graphs        BEFORE  allocate the static budget buffer
   DecodeCudaGraphRunner.capture       AROUND  capture BASE into target decode graphs
+  CPUGraphRunner.__init__             BEFORE  refuse SGLang's torch.compile CPU graphs
   ForwardBatch.init_new               AFTER   per-token budgets of a decode batch
   ModelRunner._forward_raw            AROUND  fill the buffer (padding -1), open the decode gate
   TopK.forward_cuda/native/cpu        AFTER   select experts (Triton kernels or the torch core)
@@ -31,6 +32,8 @@ TARGETS = (  # (target, hook, hook type name)
      hooks.before_init_cuda_graphs, "BEFORE"),
     (f"{_SRT}.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
      hooks.around_decode_capture, "AROUND"),
+    (f"{_SRT}.model_executor.cpu_graph_runner.CPUGraphRunner.__init__", hooks.before_cpu_graph,
+     "BEFORE"),
     (f"{_SRT}.model_executor.forward_batch_info.ForwardBatch.init_new",
      hooks.after_forward_batch_init, "AFTER"),
     (f"{_SRT}.model_executor.model_runner.ModelRunner._forward_raw", hooks.around_forward_raw,

@@ -15,7 +15,7 @@ from base_sglang.core.predictor import describe_model_config
 
 from . import state
 from .budget import BUDGET_HEADER, apply_header, token_budgets
-from .checks import check_model_runners, check_server_args
+from .checks import UnsupportedConfig, check_model_runners, check_server_args
 
 log = logging.getLogger("base_sglang.plugin")
 
@@ -84,6 +84,14 @@ def around_decode_capture(original, graph_runner, *args, **kwargs):
     st.ensure_buffer(graph_runner.max_bs, graph_runner.model_runner.device)
     with st.capture():
         return original(graph_runner, *args, **kwargs)
+
+
+def before_cpu_graph(graph_runner, model_runner, *args, **kwargs):
+    """CPUGraphRunner.__init__ BEFORE: its torch.compile capture is not verified with the hook."""
+    if state.STATE.enabled and not model_runner.is_draft_worker:
+        raise UnsupportedConfig("BASE cannot run inside SGLang's CPU graph runner (torch.compile); "
+                                "launch with --cuda-graph-backend-decode disabled")
+    return None
 
 
 # ---- scheduler process: every forward -----------------------------------------------------------

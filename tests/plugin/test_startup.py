@@ -123,3 +123,11 @@ def test_bad_environment_fails_startup_not_silently(base_state):
             hooks.after_load_model(None, _runner(tiny_hf_config()))
     finally:
         state.STATE.config_error = None
+
+
+def test_cpu_graph_runner_is_refused(base_state):
+    from sglang.srt.model_executor.cpu_graph_runner import CPUGraphRunner
+
+    with pytest.raises(UnsupportedConfig, match="--cuda-graph-backend-decode disabled"):
+        CPUGraphRunner(model_runner())  # the real class: the hook refuses before its __init__ runs
+    assert hooks.before_cpu_graph(None, model_runner(is_draft_worker=True)) is None
