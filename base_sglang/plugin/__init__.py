@@ -57,3 +57,33 @@ def register() -> None:
         STATE.config_error = f"BASE plugin: {exc}"
     for target, hook, kind in TARGETS:
         HookRegistry.register(target, hook, HookType[kind])
+
+
+def revert() -> list[str]:
+    """Undo what `register()` + `apply_hooks()` did (tests, notebooks); returns the targets restored.
+
+    Only targets that carry BASE's hooks alone are restored; a target shared with another plugin's
+    hooks is left as it is (HookRegistry cannot unwrap one hook out of a chain).
+    """
+    import pkgutil
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, _propagate_patch
+
+    ours = {id(hook) for _, hook, _ in TARGETS}
+    restored = []
+    for target, _, _ in TARGETS:
+        hooks_on = HookRegistry._hooks.get(target, [])
+        if not hooks_on or any(id(h) not in ours for _, h, _ in hooks_on):
+            continue
+        HookRegistry._hooks.pop(target)
+        if target in HookRegistry._patched:
+            owner_path, attr = target.rsplit(".", 1)
+            owner = pkgutil.resolve_name(owner_path)
+            raw = owner.__dict__[attr]
+            wrapper = raw.__func__ if isinstance(raw, classmethod) else raw
+            original = wrapper.__wrapped__
+            setattr(owner, attr, classmethod(original) if isinstance(raw, classmethod) else original)
+            _propagate_patch(wrapper, original, owner)
+            HookRegistry._patched.discard(target)
+        restored.append(target)
+    return restored

@@ -146,3 +146,27 @@ def test_decode_capture_opens_the_gate_for_target_decode_graphs_only(base_state)
     assert hooks.around_decode_capture(seen, graph_runner(ForwardMode.TARGET_VERIFY)) is False
     assert hooks.around_decode_capture(seen, graph_runner(ForwardMode.DECODE, draft=True)) is False
     assert not base_state.active
+
+
+def test_revert_restores_sglang_and_register_reapplies(base_state):
+    from sglang.srt.layers.moe.topk import TopK
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from base_sglang.plugin import register, revert
+
+    wrapped = TopK.forward_native
+    try:
+        assert sorted(revert()) == sorted(t for t, _, _ in TARGETS)
+        assert not hasattr(TopK.forward_native, "__wrapped__")
+        assert TopK.forward_native is wrapped.__wrapped__
+        assert isinstance(ForwardBatch.__dict__["init_new"], classmethod)
+        hidden, logits = _inputs(4)
+        dense = _topk().forward_native(hidden, logits)
+        with base_state.decode_step([1] * 4):  # gate open, but nothing is hooked any more
+            assert torch.equal(_topk()(hidden, logits).topk_ids, dense.topk_ids)
+    finally:
+        register()
+        HookRegistry.apply_hooks()
+    assert all(t in HookRegistry._patched for t, _, _ in TARGETS)
+    assert hasattr(TopK.forward_native, "__wrapped__")
