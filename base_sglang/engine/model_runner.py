@@ -77,11 +77,12 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         pos = torch.tensor([[s.num_tokens - 1] for s in seqs], device=self.device)  # [B, 1]
         budget = torch.tensor([s.budget for s in seqs], device=self.device)  # [B]
-        all_dense = all(s.budget >= self.num_experts for s in seqs)
+        # the kept set is the whole union when M >= E or M >= every routed pair (B * K)
+        noop = max(s.budget for s in seqs) >= min(self.num_experts, len(seqs) * self.patch.top_k)
         mask = self.kv.attention_mask(1, self.device)  # [B, S + 1]
         self.kv.snapshot()
         try:
-            with decode_step(budget, all_dense=all_dense) as step:
+            with decode_step(budget, skip_selection=noop) as step:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=self.kv.cache, use_cache=True, logits_to_keep=1)
         except BaseException:

@@ -11,9 +11,10 @@ The batch metadata comes from one module-level context set around each forward:
         model(...)
     step.stats[layer_id] -> SelectionStats
 Outside a decode_step (prefill, plain forward) every block runs dense and unchanged.
-`decode_step(budget, all_dense=True)` is a promise from the caller (who knows the budgets on the host)
-that every row is real and dense: budgeted policies then skip the selection work, which would return
-the router's choice unchanged anyway, and only count the experts.
+`decode_step(budget, skip_selection=True)` is a promise from the caller (who knows the budgets on the
+host) that a budgeted policy cannot change this step: every row is real and either every row is dense
+or the batch budget M covers every routed pair (M >= T * K, so the kept set is the whole union).
+Budgeted policies then return the router's choice as it is and only count the experts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..core.predictor import describe_model_config
 @dataclass
 class StepContext:
     budget: torch.Tensor  # [T] int per token row
-    all_dense: bool = False  # every row real and >= E (set by the caller, never inferred: no sync)
+    skip_selection: bool = False  # set by the caller (never inferred here: no host sync)
     stats: dict[int, SelectionStats] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> executed ids [T, K]
 
@@ -40,12 +41,12 @@ _current: StepContext | None = None
 
 
 @contextmanager
-def decode_step(budget: torch.Tensor, all_dense: bool = False):
+def decode_step(budget: torch.Tensor, skip_selection: bool = False):
     """Run the MoE blocks under the selection policy for one decode step (no nesting)."""
     global _current
     if _current is not None:
         raise RuntimeError("decode_step contexts cannot be nested")
-    _current = StepContext(budget=budget, all_dense=all_dense)
+    _current = StepContext(budget=budget, skip_selection=skip_selection)
     try:
         yield _current
     finally:
@@ -93,7 +94,9 @@ class MoEPatch:
             raise ValueError(f"model: no MoE blocks found in {type(model).__name__}")
         if predictor is not None:
             predictor.validate(model.config)
-        self.num_experts = describe_model_config(model.config)["num_experts"]
+        described = describe_model_config(model.config)
+        self.num_experts = described["num_experts"]
+        self.top_k = described["top_k"]
         self.norm_topk = norm_topk_prob(model.config)
         if getattr(model.config, "_experts_implementation", None) in (None, "eager"):
             # eager experts cannot take the sentinel id; grouped_mm computes the same function
@@ -118,7 +121,7 @@ class MoEPatch:
             if step is None:
                 return out
             logits, weights, ids = out
-            if step.all_dense and (self.config.uses_budget or self.config.policy == "dense"):
+            if step.skip_selection and (self.config.uses_budget or self.config.policy == "dense"):
                 step.stats[layer_id] = _dense_stats(ids.reshape(ids.shape[0], -1),
                                                     self.num_experts)
                 step.ids[layer_id] = ids
@@ -142,7 +145,7 @@ class MoEPatch:
 
 
 def _dense_stats(ids: torch.Tensor, E: int) -> SelectionStats:
-    """What select_experts reports for an all-dense batch: union kept, nothing removed. ids [T, K]."""
+    """What select_experts reports when it keeps the whole union: nothing removed. ids [T, K]."""
     hit = torch.zeros(E, dtype=torch.bool, device=ids.device).index_fill_(0, ids.flatten().long(), True)
     n = hit.sum()  # [] distinct experts routed
     return SelectionStats(n, n.clone(), torch.zeros((), device=ids.device))

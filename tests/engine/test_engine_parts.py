@@ -1,5 +1,6 @@
 """Detokenizer, batched KV cache and sampler filters in isolation."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -67,8 +68,9 @@ def test_filter_top_k_and_top_p_per_row():
     assert torch.isfinite(out).tolist() == [[True, True, True, False], [True, False, False, False]]
 
 
-def test_all_dense_fast_path_equals_the_selection(tiny_model_dir):
-    """decode_step(all_dense=True) skips select_experts; outputs and stats must not change."""
+@pytest.mark.parametrize("rows,budget", [(35, 8), (2, 4), (3, 6)])  # dense; M >= T*K (K = 2)
+def test_skip_selection_fast_path_equals_the_selection(tiny_model_dir, rows, budget):
+    """decode_step(skip_selection=True) skips select_experts; outputs and stats must not change."""
     from transformers import AutoModelForCausalLM
 
     from base_sglang.core import Predictor, SelectionConfig
@@ -77,12 +79,13 @@ def test_all_dense_fast_path_equals_the_selection(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     MoEPatch(model, SelectionConfig(policy="base"),
              Predictor.load(tiny_model_dir / "predictor.safetensors"))
-    ids = torch.randint(0, 300, (5, 7))
-    budget = torch.full((35,), 8)  # E = 8: every row dense
+    ids = torch.randint(0, 300, (rows, 1))
+    budgets = torch.full((rows,), budget)
+    budgets[0] = 1  # the batch budget is the largest
     with torch.no_grad():
-        with decode_step(budget) as full:
+        with decode_step(budgets) as full:
             ref = model(ids).logits
-        with decode_step(budget, all_dense=True) as fast:
+        with decode_step(budgets, skip_selection=True) as fast:
             got = model(ids).logits
     assert torch.equal(ref, got)
     for layer, stats in full.stats.items():
