@@ -61,13 +61,14 @@ def select_experts(
     T, E = router_logits.shape
     K = topk_ids.shape[1]
     dev = router_logits.device
-    ids = topk_ids.long()  # [T, K]
-    w = topk_weights.float()  # [T, K]
+    raw = topk_ids.long()  # [T, K]; -1 may mark padding (e.g. SGLang DP padding rows)
+    ids = raw.clamp_min(0)  # [T, K] safe for gathers; every use is masked by `valid`
+    w = torch.where(raw >= 0, topk_weights.float(), torch.zeros_like(topk_weights.float()))  # [T, K]
     budget = budget.to(dev).long()  # [T]
     real = budget >= 0  # [T]
-    valid = real[:, None].expand(T, K)  # [T, K] routed slots of real rows
+    valid = real[:, None] & (raw >= 0)  # [T, K] routed slots of real rows
 
-    routed_row = _membership(ids, torch.ones_like(ids, dtype=torch.bool), E)  # [T, E] per row
+    routed_row = _membership(ids, raw >= 0, E)  # [T, E] per row
     count = (routed_row & real[:, None]).sum(0)  # [E] real tokens routing to u
     in_union = count > 0  # [E]
     num_union = in_union.sum()  # []
@@ -85,23 +86,24 @@ def select_experts(
 
     policy = config.policy
     if policy == "dense" or layer_id in config.skip_layers:
-        new_ids, new_w = ids, w
+        new_ids, new_w = raw, w
         cost = pred_cost
     elif policy in ("sere", "exfold"):
         new_ids, new_w = (_sere if policy == "sere" else _exfold)(
             ids, w, valid, in_union, m, layer_id, config, _need(predictor, policy))
+        new_ids = torch.where(raw >= 0, new_ids, raw)  # a -1 slot stays dropped
         cost = pred_cost
     else:
         cost, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
                                config, predictor, pred_cost, routed_norms)
         if config.backfill:
-            new_ids = _backfill(router_logits, ids, routed_row, in_s, K)  # [T, K]
+            new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
         else:
-            new_ids = torch.where(in_s[ids], ids, torch.full_like(ids, -1))  # [T, K]
-        new_w = _combine_weights(router_logits, ids, w, routed_row, new_ids, config.renorm,
+            new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
+        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids, config.renorm,
                                  norm_topk_prob)
 
-    new_ids = torch.where(valid, new_ids, torch.full_like(new_ids, -1))  # padded rows: all dropped
+    new_ids = torch.where(real[:, None], new_ids, torch.full_like(new_ids, -1))  # padded rows dropped
     new_w = torch.where(new_ids >= 0, new_w, torch.zeros_like(new_w))  # [T, K]
 
     kept = _membership(new_ids, new_ids >= 0, E).any(0)  # [E]
@@ -159,22 +161,23 @@ def _top_m(score: torch.Tensor, m: torch.Tensor, in_union: torch.Tensor) -> torc
 
 
 # ---- backfill and weights ----------------------------------------------------------------------
-def preference_order(logits: torch.Tensor, ids: torch.Tensor, routed_row: torch.Tensor):
+def preference_order(logits: torch.Tensor, ids: torch.Tensor, ok: torch.Tensor,
+                     routed_row: torch.Tensor):
     """Each token's preference order: its own top-k as the model gave them, then the rest by logit.
 
-    Returns pref [T, P] expert ids and fresh [T, P] (False where a rest-slot repeats a top-k expert).
+    ids [T, K] (non-negative), ok [T, K] real slots. Returns pref [T, P] expert ids and fresh [T, P]
+    (False for a -1 slot, and where a rest-slot repeats a top-k expert).
     """
     rest = torch.sort(logits.float(), dim=1, descending=True, stable=True).indices  # [T, E]
     pref = torch.cat([ids, rest], 1)  # [T, P]
-    fresh = torch.cat([torch.ones_like(ids, dtype=torch.bool),
-                       ~routed_row.gather(1, rest)], 1)  # [T, P]
+    fresh = torch.cat([ok, ~routed_row.gather(1, rest)], 1)  # [T, P]
     return pref, fresh
 
 
-def _backfill(logits, ids, routed_row, in_s, K):
+def _backfill(logits, ids, ok, routed_row, in_s, K):
     """First K experts of each token's preference order that lie in the kept set. [T, K], -1 pad."""
     T = ids.shape[0]
-    pref, fresh = preference_order(logits, ids, routed_row)  # [T, P]
+    pref, fresh = preference_order(logits, ids, ok, routed_row)  # [T, P]
     cand = in_s[pref] & fresh  # [T, P]
     pos = torch.cumsum(cand.int(), 1) - 1  # [T, P] output slot of each candidate
     take = cand & (pos < K)  # [T, P]
@@ -192,11 +195,12 @@ def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob
     safe = new_ids.clamp_min(0)  # [T, K]
     p_new = p.gather(1, safe) * ok  # [T, K]
     total_w = w.sum(1, keepdim=True)  # [T, 1] weight the model gave the token
-    total_p = p.gather(1, ids).sum(1, keepdim=True)  # [T, 1] probability of its routed set
+    total_p = (p.gather(1, ids.clamp_min(0)) * (ids >= 0)).sum(1, keepdim=True)  # [T, 1] routed set
     if mode == "always":
         new_w = p_new / p_new.sum(1, keepdim=True).clamp_min(1e-30) * total_w  # [T, K]
     else:
-        w_full = torch.zeros_like(p).scatter_(1, ids, w)  # [T, E] the model's own weights
+        col = torch.where(ids >= 0, ids, torch.full_like(ids, p.shape[1]))  # [T, K]; -1 -> E
+        w_full = p.new_zeros(p.shape[0], p.shape[1] + 1).scatter_(1, col, w)  # [T, E+1] own weights
         own = routed_row.gather(1, safe) & ok  # [T, K] expert was in the token's top-k
         scaled = p_new * (total_w / total_p.clamp_min(1e-30))  # backfilled: same scaling as routed
         new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K]
@@ -216,7 +220,7 @@ def _sere(ids, w, valid, in_union, m, layer_id, config, predictor):
     best_sim, best = to_p.max(-1)  # [T, K]
     secondary = torch.arange(K, device=ids.device)[None, :] >= s  # [1, K]
     critical = (config.sere_rho > 0) & (best_sim < config.sere_rho)  # [T, K]
-    reroute = secondary & ~primary[ids] & ~critical  # [T, K]
+    reroute = secondary & ~primary[ids] & ~critical & valid  # [T, K]
     return torch.where(reroute, best, ids), w
 
 
@@ -233,7 +237,7 @@ def _exfold(ids, w, valid, in_union, m, layer_id, config, predictor):
     coef = predictor.exfold_coef[j].to(w.device).float()  # [E, E]
     to_sub = torch.where(sub[None, None, :], loss[ids], torch.full_like(loss[ids], float("inf")))
     sink = to_sub.argmin(-1)  # [T, K]
-    fold = ~sub[ids]  # [T, K]
+    fold = ~sub[ids] & valid  # [T, K]
     new_ids = torch.where(fold, sink, ids)
     new_w = torch.where(fold, w * coef[ids, sink], w)
     return new_ids, new_w

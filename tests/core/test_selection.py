@@ -228,3 +228,27 @@ def test_missing_statistics_are_clear_errors():
         SelectionConfig(policy="nope")
     with pytest.raises(ValueError, match="renorm"):
         SelectionConfig(renorm="sometimes")
+
+
+@pytest.mark.parametrize("policy,kw", [("base", {}), ("base", {"backfill": False}), ("dense", {}),
+                                       ("gate_sum", {}), ("oea", {}), ("lynx", {}), ("sere", {}),
+                                       ("exfold", {}), ("base", {"renorm": "never"})])
+def test_minus_one_ids_in_padded_rows_are_accepted(policy, kw):
+    """SGLang marks DP padding rows with -1 ids; they must not crash or leak into real rows."""
+    logits, ids, w = make_routing(T, E, K)
+    hidden = torch.randn(T, H)
+    pred = make_predictor(E, H, K)
+    budget = torch.full((T,), 4)
+    ref = select_experts(logits, ids, w, hidden, budget, 0, SelectionConfig(policy=policy, **kw), pred)
+    budget[[0, 5]] = -1
+    ids_pad, w_pad = ids.clone(), w.clone()
+    ids_pad[[0, 5]] = -1
+    w_pad[[0, 5]] = 0
+    sel = select_experts(logits, ids_pad, w_pad, hidden, budget, 0, SelectionConfig(policy=policy, **kw),
+                         pred)
+    assert (sel.ids[[0, 5]] == -1).all() and (sel.weights[[0, 5]] == 0).all()
+    real = budget >= 0
+    sub = select_experts(logits[real], ids[real], w[real], hidden[real], budget[real], 0,
+                         SelectionConfig(policy=policy, **kw), pred)
+    assert torch.equal(sel.ids[real], sub.ids) and torch.equal(sel.weights[real], sub.weights)
+    assert ref.ids.shape == sel.ids.shape
