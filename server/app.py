@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+from fastapi import FastAPI
+
 from base_sglang.server.deps import parse_budget
 from base_sglang.server.errors import install_error_handlers
 from base_sglang.server.metrics import Metrics
 from base_sglang.server.routes import chat, completions, health, metrics, models
 from base_sglang.server.settings import Settings
-from fastapi import FastAPI
 
 
 def create_app(backend, settings: Settings | None = None) -> FastAPI:

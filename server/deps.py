@@ -5,10 +5,10 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from base_sglang.server.errors import APIError
 from fastapi import Request
 
 from base_sglang.engine.config import DENSE
+from base_sglang.server.errors import APIError
 
 BUDGET_HEADER = "X-Expert-Budget"
 BUDGET_FIELD = "expert_budget"

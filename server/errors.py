@@ -35,14 +35,25 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models"}
+
+
+def _count(request: Request, status: int) -> None:
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.observe_request(ENDPOINTS.get(request.url.path, "other"), status)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
+        _count(request, exc.status)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return error_response(exc.status, exc.message, exc.param, exc.code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
+        _count(request, 400)
         err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
@@ -52,9 +63,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        _count(request, exc.status_code)
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):
+        _count(request, 500)
         log.exception("unhandled error on %s", request.url.path)
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -9,11 +9,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from base_sglang.server.deps import budget_label
-from base_sglang.server.errors import APIError
 from fastapi import Request
 
 from base_sglang.engine import QueueFull, RequestOutput, SamplingParams
+from base_sglang.server.deps import budget_label
+from base_sglang.server.errors import APIError
 
 
 @dataclass

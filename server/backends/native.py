@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from base_sglang.server.deps import parse_budget
-
 from base_sglang.engine import AsyncLLMEngine, EngineConfig, LLMEngine
+from base_sglang.server.deps import parse_budget
 
 
 class NativeBackend:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import time
 
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from base_sglang.engine import QueueFull
 from base_sglang.server.deps import (
     BUDGET_HEADER,
     budget_label,
@@ -38,10 +42,6 @@ from base_sglang.server.schemas import (
     TopLogprob,
     Usage,
 )
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-
-from base_sglang.engine import QueueFull
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 ENDPOINT = "chat"

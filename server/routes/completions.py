@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from base_sglang.engine import QueueFull
 from base_sglang.server.deps import (
     BUDGET_HEADER,
     budget_label,
@@ -32,10 +36,6 @@ from base_sglang.server.schemas import (
     CompletionResponse,
     Usage,
 )
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-
-from base_sglang.engine import QueueFull
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 ENDPOINT = "completions"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from fastapi import APIRouter, Depends, Request
+
 from base_sglang.server.deps import require_api_key
 from base_sglang.server.schemas import ModelCard, ModelList
-from fastapi import APIRouter, Depends, Request
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 _STARTED = int(time.time())

@@ -4,6 +4,7 @@ import time
 
 import httpx
 import pytest
+
 from base_sglang.server.__main__ import build_parser, main
 from base_sglang.server.settings import Settings
 
@@ -60,6 +61,7 @@ def test_engine_failure_stays_inside_the_request(server, monkeypatch):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 500 and "injected fault" in r.json()["error"]["message"]
+    assert server.app.state.metrics.requests[("completions", "500")] >= 1
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert runner.kv.num_rows == 0
