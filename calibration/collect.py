@@ -118,7 +118,8 @@ class LayerStats:
     SERE (every expert on the first sere_tokens tokens): gram [E, E] = sum_t <E_e(z_t), E_f(z_t)>.
     """
 
-    def __init__(self, num_experts: int, hidden: int, sere_tokens: int, device="cpu"):
+    def __init__(self, num_experts: int, hidden: int, sere_tokens: int, device="cpu",
+                 weight_power: float = 0.0):
         E, H = num_experts, hidden
         f64 = dict(dtype=torch.float64, device=device)
         self.E, self.H = E, H
@@ -135,13 +136,16 @@ class LayerStats:
         self.gram = torch.zeros(E, E, **f64)
         self.sere_left = sere_tokens
         self.sere_seen = 0
+        self.weight_power = weight_power  # ridge rows weighted by w^power (0 = unweighted)
 
     @staticmethod
     def nbytes(num_experts: int, hidden: int) -> int:
         return 8 * num_experts * ((hidden + 1) ** 2 + hidden + 1 + 6 * num_experts + 4)
 
-    def update(self, x: torch.Tensor, ids: torch.Tensor, experts: nn.Module) -> None:
-        """x [T, H] layer input, ids [T, K] routed experts."""
+    def update(self, x: torch.Tensor, ids: torch.Tensor, experts: nn.Module,
+               weights: torch.Tensor | None = None) -> None:
+        """x [T, H] layer input, ids [T, K] routed experts, weights [T, K] combine weights (used only
+        when weight_power != 0)."""
         T, K = ids.shape
         E = self.E
         ids = ids.long()
@@ -152,14 +156,18 @@ class LayerStats:
         flat = ids.reshape(-1)  # [T*K]
         tok = torch.arange(T, device=x.device).repeat_interleave(K)  # [T*K]
         yf = y.reshape(-1)  # [T*K]
+        rho = None
+        if self.weight_power and weights is not None:
+            rho = weights.double().reshape(-1).pow(self.weight_power)  # [T*K] row weights
         for e in torch.unique(flat).tolist():
             sel = (flat == e).nonzero().squeeze(1)  # [n]
             ze = z[tok[sel]]  # [n, H+1]
             ye = yf[sel]  # [n]
-            self.zz[e] += ze.T @ ze
-            self.zy[e] += ze.T @ ye
-            self.yy[e] += ye.square().sum()
-            self.n[e] += sel.numel()
+            zw = ze if rho is None else ze * rho[sel, None]  # [n, H+1]
+            self.zz[e] += zw.T @ ze
+            self.zy[e] += zw.T @ ye
+            self.yy[e] += (ye.square() if rho is None else rho[sel] * ye.square()).sum()
+            self.n[e] += sel.numel() if rho is None else rho[sel].sum()
         self.count += torch.bincount(flat, minlength=E).double()
         self.norm_sum.index_add_(0, flat, norms.reshape(-1))
         self._exfold(outs, norms, ids)

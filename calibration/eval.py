@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k and half the dense union)")
+    p.add_argument("--renorm", default="native", choices=("native", "always", "never"),
+                   help="combine weights after selection for the backfill policies (ablation)")
+    p.add_argument("--no-backfill", action="store_true",
+                   help="drop removed slots instead of backfilling them (ablation)")
+    p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
+                   help="Lynx keep thresholds tau to sweep (default 1, 1/4, 1/B, 1/B^2)")
     p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
@@ -53,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     import torch
 
     threads = torch.get_num_threads()
@@ -82,6 +89,8 @@ def _validate(args) -> list[str]:
 
 def run(args) -> int:
     import torch
+    from tqdm.auto import tqdm
+
     from base_sglang.calibration.artifact import load_model
     from base_sglang.calibration.decode_eval import EnergyProbe, run_batch
     from base_sglang.calibration.report import environment, table, write_outputs
@@ -91,8 +100,6 @@ def run(args) -> int:
         default_budgets,
         summarize,
     )
-    from tqdm.auto import tqdm
-
     from base_sglang.core import Predictor
     from base_sglang.core.predictor import describe_model_config
     from base_sglang.engine.moe_hook import MoEPatch
@@ -133,7 +140,9 @@ def run(args) -> int:
     if any(not 1 <= m for m in budgets):
         raise ValueError(f"budgets: must be >= 1, got {budgets}")
     half_m = max(1, round(union / 2))
-    settings = build_settings(policies, E, K, budgets)[1:]
+    taus = args.lynx_tau or [1.0, 0.25, 1 / args.batch_size, 1 / args.batch_size ** 2]
+    settings = build_settings(policies, E, K, budgets, renorm=args.renorm,
+                              backfill=not args.no_backfill, lynx_taus=taus)[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -146,10 +155,11 @@ def run(args) -> int:
     checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None)
     meta = {
         "model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name if args.predictor else None,
-        "data": Path(args.data).name, "command": "base-eval " + " ".join(sys.argv[1:]) if argv_is_cli() else "",
+        "data": Path(args.data).name, "command": "base-eval " + " ".join(args.argv),
         "settings": {"batch_size": args.batch_size, "num_batches": len(batches), "prefix": args.prefix,
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
-                     "policies": policies, "budgets": budgets, "device": str(dev),
+                     "policies": policies, "budgets": budgets, "renorm": args.renorm,
+                     "backfill": not args.no_backfill, "lynx_taus": taus, "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                      "energy_probe": probe is not None, "documents": len(docs)},
         "num_experts": E, "top_k": K, "dense_union": union, "seconds": round(time.time() - t0, 1),
@@ -160,10 +170,6 @@ def run(args) -> int:
     print(_checks_text(checks))
     print("wrote " + ", ".join(str(p) for p in paths) + f" in {time.time() - t0:.0f} s")
     return 0
-
-
-def argv_is_cli() -> bool:
-    return Path(sys.argv[0]).name in ("base-eval", "eval.py") or sys.argv[0].endswith("eval")
 
 
 def _checks_text(c: dict) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from base_sglang.calibration.decode_eval import Setting, Trace
 
+from base_sglang.calibration.decode_eval import Setting, Trace
 from base_sglang.core import SelectionConfig
 
 BUDGETED = ("base", "oracle", "gate_sum", "frequency", "exfold")  # kept-set size = budget (M or D)
@@ -14,7 +14,7 @@ ALL_POLICIES = ("base", "oracle", "gate_sum", "frequency", "exfold", "oea", "ser
 NEEDS_PREDICTOR = ("base", "sere", "exfold", "frequency")
 KNOB = {"base": "M", "oracle": "M", "gate_sum": "M", "frequency": "M", "exfold": "D"}
 SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.3)]
-LYNX_GRID = [(a, b) for a in (1.0, 2.0, 4.0) for b in (2, 5)]
+LYNX_GRID = [(a, b) for a in (1.0, 4.0) for b in (5,)]
 
 
 def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
@@ -23,23 +23,31 @@ def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
     return sorted(m for m in ms if 1 <= m < num_experts)
 
 
-def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: list[int]) -> list[Setting]:
+def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: list[int],
+                   renorm: str = "native", backfill: bool = True,
+                   lynx_taus: tuple[float, ...] = (1.0,)) -> list[Setting]:
+    """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
+    pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx)."""
     out = [Setting("dense", "dense", "-", "-", SelectionConfig(policy="dense"), num_experts)]
+    kw = dict(renorm=renorm, backfill=backfill)
     for p in policies:
-        if p in BUDGETED:
-            out += [Setting(f"{p} {KNOB[p]}={m}", p, KNOB[p], m, SelectionConfig(policy=p), m)
+        if p == "exfold":
+            out += [Setting(f"exfold D={m}", p, "D", m, SelectionConfig(policy=p), m) for m in budgets]
+        elif p in BUDGETED:
+            out += [Setting(f"{p} {KNOB[p]}={m}", p, KNOB[p], m, SelectionConfig(policy=p, **kw), m)
                     for m in budgets]
         elif p == "oea":
-            out += [Setting(f"oea k0={k0}", p, "k0", k0, SelectionConfig(policy=p, oea_k0=k0),
+            out += [Setting(f"oea k0={k0}", p, "k0", k0, SelectionConfig(policy=p, oea_k0=k0, **kw),
                             num_experts) for k0 in range(1, top_k)]
         elif p == "sere":
             out += [Setting(f"sere S={s} rho={r}", p, "S/rho", f"{s}/{r}",
                             SelectionConfig(policy=p, sere_s=s, sere_rho=r), num_experts)
                     for s, r in SERE_GRID if s < top_k]
         elif p == "lynx":
-            out += [Setting(f"lynx a={a} b={b}", p, "alpha/beta", f"{a}/{b}",
-                            SelectionConfig(policy=p, lynx_alpha=a, lynx_beta=b), num_experts)
-                    for a, b in LYNX_GRID]
+            out += [Setting(f"lynx a={a} b={b} tau={t:.3g}", p, "alpha/beta/tau", f"{a}/{b}/{t:.3g}",
+                            SelectionConfig(policy=p, lynx_alpha=a, lynx_beta=b, lynx_tau=t, **kw),
+                            num_experts)
+                    for a, b in LYNX_GRID for t in lynx_taus]
         else:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
     return out

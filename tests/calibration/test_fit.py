@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from base_sglang.calibration.collect import LayerStats, routed_outputs
 from base_sglang.calibration.fit import (
     NEVER,
@@ -163,3 +164,21 @@ def test_spearman_is_rank_based():
     x = torch.linspace(-3, 3, 50)
     assert spearman(x, torch.exp(x)) == pytest.approx(1.0)
     assert spearman(x, -x ** 3) == pytest.approx(-1.0)
+
+
+def test_constant_row_weights_leave_the_ridge_fit_unchanged():
+    g = torch.Generator().manual_seed(5)
+    E, H = 4, 6
+    ex = _random_experts(E, H, 5, g)
+    z = torch.randn(300, H, generator=g)
+    ids = torch.randint(0, E, (300, 2), generator=g)
+    plain, weighted, skewed = (LayerStats(E, H, 0), LayerStats(E, H, 0, weight_power=1.0),
+                               LayerStats(E, H, 0, weight_power=2.0))
+    plain.update(z, ids, ex)
+    weighted.update(z, ids, ex, torch.full((300, 2), 0.3))
+    skewed.update(z, ids, ex, torch.rand(300, 2, generator=g))
+    a, b, _ = fit_ridge(plain, 1e-3)
+    a2, b2, _ = fit_ridge(weighted, 1e-3)
+    a3, _, _ = fit_ridge(skewed, 1e-3)
+    assert torch.allclose(a, a2, atol=1e-5) and torch.allclose(b, b2, atol=1e-5)
+    assert not torch.allclose(a, a3, atol=1e-3)  # non-constant weights do change the fit

@@ -1,0 +1,46 @@
+"""The sweep grid and the matched-cost target checks, on hand-made result rows."""
+
+from __future__ import annotations
+
+from base_sglang.calibration.sweep import build_settings, check_targets, default_budgets
+
+
+def test_default_budgets_and_grid():
+    assert default_budgets(64, 8, 51.6) == [8, 12, 16, 24, 26, 32]
+    assert default_budgets(8, 2, 5.4) == [2, 3, 4, 6]  # half union 3 merges with 1.5k; 8 >= E dropped
+    s = build_settings(["base", "exfold", "oea", "lynx"], 64, 8, [16, 24], renorm="never",
+                       backfill=False, lynx_taus=(1.0, 0.0625))
+    names = [x.name for x in s]
+    assert names[0] == "dense" and "base M=16" in names and "exfold D=24" in names
+    assert [x.budget for x in s if x.policy == "base"] == [16, 24]
+    assert all(x.config.renorm == "never" and not x.config.backfill
+               for x in s if x.policy in ("base", "oea", "lynx"))
+    assert all(x.config.renorm == "native" for x in s if x.policy == "exfold")  # ExFold never renorms
+    assert {x.config.lynx_tau for x in s if x.policy == "lynx"} == {1.0, 0.0625}
+    assert [x.config.oea_k0 for x in s if x.policy == "oea"] == list(range(1, 8))
+
+
+def _row(policy, value, experts, dppl):
+    return {"policy": policy, "value": value, "experts": experts, "dppl_pct": dppl,
+            "setting": f"{policy} {value}"}
+
+
+def test_check_targets():
+    rows = [_row("dense", "-", 50, 0.0),
+            _row("base", 16, 16, 20.0), _row("base", 24, 24, 4.0), _row("base", 25, 25, 1.5),
+            _row("oracle", 16, 16, 19.0), _row("oracle", 24, 24, 3.0), _row("oracle", 25, 25, 1.4),
+            _row("gate_sum", 16, 16, 30.0), _row("gate_sum", 24, 24, 3.5),
+            _row("oea", 2, 20, 10.0), _row("sere", "1/0.0", 30, 50.0)]
+    c = check_targets(rows, half_m=25, fit_stats={"0": {"spearman_cost": 0.95},
+                                                  "1": {"spearman_cost": 0.88}})
+    by_m = {e["M"]: e for e in c["matched_budget"]}
+    assert by_m[16]["base_best_non_oracle"] and not by_m[24]["base_best_non_oracle"]
+    assert by_m[16]["base_within_10pct_of_oracle_increase"]  # 20 <= 1.1 * 19
+    assert not by_m[24]["base_within_10pct_of_oracle_increase"]  # 4 > 3.3
+    interp = {e["setting"]: e for e in c["matched_interp"]}
+    assert interp["oea 2"]["base_interp_dppl_pct"] == 12.0  # halfway between 20 and 4
+    assert interp["oea 2"]["base_better"] is False
+    assert interp["sere 1/0.0"]["base_better"] is None  # cost 30 is outside BASE's measured range
+    assert c["all_base_best_non_oracle"] is False and c["all_base_within_10pct_of_oracle"] is False
+    assert c["half_union_within_2pct"] is True and c["half_union_base_dppl_pct"] == 1.5
+    assert c["predictor_spearman_min"] == 0.88 and c["predictor_spearman_ok"] is False
