@@ -37,7 +37,7 @@ FLAGS = {  # field -> help
 
 
 def build_parser(defaults: Settings) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="base-serve", description=__doc__,
+    p = argparse.ArgumentParser(prog="base-serve", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, help_text in FLAGS.items():
         default = getattr(defaults, name)
