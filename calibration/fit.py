@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from base_sglang.calibration.collect import LOG_EPS, LayerStats, routed_outputs
 
 NEVER = 1e30  # ExFold: loss of never-observed pairs and of the diagonal
@@ -35,10 +36,11 @@ def fit_ridge(st: LayerStats, ridge: float) -> tuple[torch.Tensor, torch.Tensor,
     seen = st.n > 0  # [E]
     total_n = st.n.sum().clamp_min(1)
     y_mean = (st.zy[:, H].sum() / total_n).item()  # mean target over all routed pairs
-    theta = torch.zeros(E, H + 1, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=st.zz.device)
+    theta = torch.zeros(E, H + 1, **f64)
     theta[:, H] = y_mean
-    eye = torch.zeros(H + 1, H + 1, dtype=torch.float64)
-    eye[:H, :H] = torch.eye(H, dtype=torch.float64)
+    eye = torch.zeros(H + 1, H + 1, **f64)
+    eye[:H, :H] = torch.eye(H, **f64)
     for e in seen.nonzero().squeeze(1).tolist():
         lam = ridge * st.zz[e, :H, :H].diagonal().sum() / H
         a = st.zz[e] + lam * eye  # [H+1, H+1]
@@ -63,7 +65,7 @@ def exfold_stats(st: LayerStats, lam: float) -> tuple[torch.Tensor, torch.Tensor
     never = st.ex_n == 0
     coef = torch.where(never, torch.zeros_like(coef), coef)
     loss = torch.where(never, torch.full_like(loss, NEVER), loss)
-    eye = torch.eye(st.E, dtype=torch.bool)
+    eye = torch.eye(st.E, dtype=torch.bool, device=coef.device)
     coef[eye] = 1.0
     loss[eye] = NEVER
     return coef.float(), loss.float()
@@ -101,7 +103,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
     def ranks(v):
         r = torch.empty_like(v, dtype=torch.float64)
-        r[v.argsort()] = torch.arange(v.numel(), dtype=torch.float64)
+        r[v.argsort()] = torch.arange(v.numel(), dtype=torch.float64, device=v.device)
         return r
 
     ra, rb = ranks(a.double()), ranks(b.double())
@@ -155,7 +157,7 @@ class HeldoutStats:
         def batch_score(v):  # [T, K] -> [S, E]: sum over the rows at each position
             v = v.view(rows, S, K).permute(1, 0, 2).reshape(S, rows * K)
             idx = ids.view(rows, S, K).permute(1, 0, 2).reshape(S, rows * K)
-            return torch.zeros(S, E).scatter_add_(1, idx, v.float())
+            return torch.zeros(S, E, device=ids.device).scatter_add_(1, idx, v.float())
 
         d_true = batch_score(c_true)  # [S, E]
         scores = {"base": batch_score(c_pred), "oracle": d_true, "gate_sum": batch_score(w),
@@ -176,7 +178,7 @@ class HeldoutStats:
         E = self.fit.weight.shape[0]
         sse = (y - yhat).square().sum()
         cnt = torch.bincount(e, minlength=E).double()
-        mean_e = torch.zeros(E, dtype=torch.float64).index_add_(0, e, y) / cnt.clamp_min(1)
+        mean_e = torch.zeros(E, dtype=torch.float64, device=e.device).index_add_(0, e, y) / cnt.clamp_min(1)
         out = {
             "heldout_pairs": float(y.numel()),
             "r2": float(1 - sse / (y - y.mean()).square().sum().clamp_min(1e-30)),
