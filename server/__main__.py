@@ -44,8 +44,9 @@ def build_parser(defaults: Settings) -> argparse.ArgumentParser:
         kind = type(default) if isinstance(default, int) and not isinstance(default, bool) else None
         if name in ("max_budget", "num_threads"):
             kind = int
+        shown = ("set" if default else "none") if name == "api_key" else default  # never echo a key
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=default,
-                       type=kind or str, help=f"{help_text} [default: {default}]")
+                       type=kind or str, help=f"{help_text} [default: {shown}]")
     return p
 
 
