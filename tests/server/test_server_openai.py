@@ -155,3 +155,36 @@ def test_api_key(server, settings_override):
     good = OpenAI(base_url=f"{server.url}/v1", api_key="sekret", max_retries=0)
     assert good.completions.create(model=MODEL, prompt="hi", max_tokens=1).choices
     assert httpx.get(f"{server.url}/health").status_code == 200  # probes need no key
+
+
+def test_chat_logprobs(client):
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0,
+        logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens == 5
+    for tok in content:
+        assert len(tok.top_logprobs) == 3 and tok.logprob <= 0
+        assert tok.logprob == pytest.approx(max(t.logprob for t in tok.top_logprobs))  # greedy
+
+
+def test_multi_prompt_streaming_and_stop_and_seed(client):
+    kw = dict(model=MODEL, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    prompts = ["Hello, world!", "Numbers: 1 2 3"]
+    full = client.completions.create(prompt=prompts, **kw)
+    texts = {c.index: c.text for c in full.choices}
+    streamed = {0: "", 1: ""}
+    finished = set()
+    for chunk in client.completions.create(prompt=prompts, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+            if c.finish_reason:
+                finished.add(c.index)
+    assert streamed == texts and finished == {0, 1}
+    stop = texts[0][2:4]
+    cut = client.completions.create(prompt=prompts[0], stop=[stop], **kw).choices[0]
+    assert cut.text == texts[0][:texts[0].find(stop)] and cut.finish_reason == "stop"
+    sampled = [client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=8,
+                                         temperature=1.0, seed=s).choices[0].text
+               for s in (7, 7, 8)]
+    assert sampled[0] == sampled[1] != sampled[2]
