@@ -1,7 +1,8 @@
-"""Decode-step time of the native engine (no HTTP) vs batch size and expert budget, on CPU.
+"""Decode-step time of the native engine (no HTTP) vs batch size and expert budget (CPU or CUDA).
 
     python benchmarks/bench_engine.py                  # embedded proxy model, policy base
     python benchmarks/bench_engine.py --policy gate_sum --batch 1 8 32 --budgets dense 16 8 4
+    python benchmarks/bench_engine.py --device cuda --dtype bfloat16 --tag engine_h200   # GPU
 
 For each budget and batch size B it admits B requests (distinct prompts, greedy, ignore_eos), runs
 --steps decode steps and takes the median step time over them (the first two steps are warm-up).
@@ -54,8 +55,11 @@ def main() -> None:
     ap.add_argument("--num-threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="engine_cpu")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, policy=args.policy, device="cpu",
+    engine = LLMEngine(EngineConfig(model=args.model, policy=args.policy, device=args.device,
+                                    dtype=args.dtype,
                                     max_running_requests=max(args.batch),
                                     num_threads=args.num_threads))
     measure(engine, max(args.batch), DENSE, 4)  # warm-up
@@ -77,7 +81,10 @@ def main() -> None:
               flush=True)
     from bench_serving import commit, cpu_name  # same folder
 
-    meta = {"cpu": cpu_name(), "cores": os.cpu_count(), "commit": commit(),
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
+    meta = {"cpu": cpu_name(), "gpu": gpu, "cores": os.cpu_count(), "commit": commit(),
+            "device": args.device, "dtype": args.dtype,
+            "triton_path": bool(getattr(engine.runner, "patch", None) and engine.runner.patch.use_kernels),
             "model": Path(args.model).name, "policy": args.policy, "steps": args.steps, "repeats": args.repeats,
             "num_threads": args.num_threads, "torch": torch.__version__,
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),

@@ -85,7 +85,7 @@ class MoEPatch:
     """Wraps every MoE block's router of a transformers model; `remove()` restores them."""
 
     def __init__(self, model: nn.Module, config: SelectionConfig,
-                 predictor: Predictor | None = None):
+                 predictor: Predictor | None = None, use_kernels: bool | str = "auto"):
         self.model = model
         self.config = config
         self.predictor = predictor
@@ -101,10 +101,20 @@ class MoEPatch:
         if getattr(model.config, "_experts_implementation", None) in (None, "eager"):
             # eager experts cannot take the sentinel id; grouped_mm computes the same function
             model.config._experts_implementation = "grouped_mm"
+        self.use_kernels = _kernels_usable(model) if use_kernels == "auto" else bool(use_kernels)
+        self._select = select_experts
+        if self.use_kernels:
+            from ..kernels import base_select_experts
+
+            self._select = base_select_experts  # same contract; other policies fall back to the core
         self._originals = {}
+        self._experts_originals = {}
         for layer_id, block in self.blocks.items():
             self._originals[layer_id] = block.gate.forward
             block.gate.forward = self._wrap(layer_id, block, block.gate.forward)
+            if self.use_kernels:
+                self._experts_originals[layer_id] = block.experts.forward
+                block.experts.forward = self._wrap_experts(block.experts, block.experts.forward)
 
     def set_config(self, config: SelectionConfig) -> None:
         self.config = config
@@ -112,7 +122,24 @@ class MoEPatch:
     def remove(self) -> None:
         for layer_id, block in self.blocks.items():
             block.gate.forward = self._originals[layer_id]
+            if layer_id in self._experts_originals:
+                block.experts.forward = self._experts_originals[layer_id]
         self._originals = {}
+        self._experts_originals = {}
+
+    def _wrap_experts(self, experts: nn.Module, experts_forward):
+        """Decode steps on CUDA: the expert-skipping Triton MoE (sentinel ids become -1 slots)."""
+        from ..kernels import fused_moe
+
+        def forward(hidden_states, top_k_index, top_k_weights):
+            if _current is None:
+                return experts_forward(hidden_states, top_k_index, top_k_weights)
+            ids = torch.where(top_k_index >= self.num_experts, torch.full_like(top_k_index, -1),
+                              top_k_index)  # [T, K]
+            return fused_moe(hidden_states, ids, top_k_weights, experts.gate_up_proj,
+                             experts.down_proj)
+
+        return forward
 
     def _wrap(self, layer_id: int, block: nn.Module, gate_forward):
         def forward(hidden_states, *args, **kwargs):
@@ -131,7 +158,7 @@ class MoEPatch:
             if self.config.policy == "oracle":
                 ex = block.experts
                 norms = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj, ex.act_fn)
-            sel = select_experts(
+            sel = self._select(
                 logits.reshape(x.shape[0], -1), ids.reshape(x.shape[0], -1),
                 weights.reshape(x.shape[0], -1), x, step.budget, layer_id, self.config,
                 self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms)
@@ -142,6 +169,22 @@ class MoEPatch:
             return logits, sel.weights.view_as(weights), exec_ids
 
         return forward
+
+
+def _kernels_usable(model: nn.Module) -> bool:
+    """Triton path: CUDA, bf16/fp16 weights, SiLU experts in the fused gate_up layout, triton present."""
+    p = next(model.parameters())
+    if not p.is_cuda or p.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if getattr(model.config, "hidden_act", "silu") != "silu":
+        return False
+    if any(getattr(b.experts, "has_bias", False) for b in find_moe_blocks(model).values()):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _dense_stats(ids: torch.Tensor, E: int) -> SelectionStats:
