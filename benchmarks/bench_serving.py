@@ -47,6 +47,8 @@ def cpu_name() -> str:
 
 
 def commit() -> str:
+    if os.environ.get("BASE_COMMIT"):  # the device machine gets the tree without .git
+        return os.environ["BASE_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except (OSError, subprocess.CalledProcessError):

@@ -14,6 +14,6 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/instal
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -m pytest -m gpu -q -rA tests/core tests/engine 2>&1 | tee "$OUT/gpu_tests.log"
-python3 benchmarks/bench_engine.py --device cuda --dtype bfloat16 --batch 1 8 32 \
+BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} python3 benchmarks/bench_engine.py --device cuda --dtype bfloat16 --batch 1 8 32 \
     --budgets dense 32 16 8 --steps 30 --repeats 2 --num-threads 4 --out "$OUT" --tag engine_h200 \
     2>&1 | grep -v "Loading weights" | tee "$OUT/bench_engine.log"
