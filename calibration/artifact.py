@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from base_sglang.calibration.fit import LayerFit
 from torch import nn
 
+from base_sglang.calibration.fit import LayerFit
 from base_sglang.core import Predictor, PredictorMeta
 from base_sglang.engine.moe_hook import find_moe_blocks, norm_topk_prob
 

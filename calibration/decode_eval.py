@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from base_sglang.calibration.collect import routed_outputs
 from torch import nn
 
+from base_sglang.calibration.collect import routed_outputs
 from base_sglang.core import SelectionConfig
 from base_sglang.engine.moe_hook import MoEPatch, decode_step
 

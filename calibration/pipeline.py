@@ -11,14 +11,14 @@ import math
 import time
 
 import torch
+from torch import nn
+from tqdm.auto import tqdm
+
 from base_sglang.calibration.artifact import assemble, moe_blocks
 from base_sglang.calibration.collect import LayerStats, capture, run_forward
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.data import windows
 from base_sglang.calibration.fit import HeldoutStats, finish_layer
-from torch import nn
-from tqdm.auto import tqdm
-
 from base_sglang.core import Predictor
 from base_sglang.core.predictor import describe_model_config
 
