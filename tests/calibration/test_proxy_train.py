@@ -57,7 +57,7 @@ def test_train_smoke_reloads_and_learns(data_dir, tmp_path):
         "--data", str(data_dir), "--out", str(out), "--config", "tiny", "--device", "cpu",
         "--batch", "8", "--seq", "32", "--steps", "40", "--warmup", "5", "--lr", "1e-2",
         "--log-every", "10", "--eval-batch", "8", "--union-len", "16", "--compile", "off",
-        "--budget", "60", "--deadline", "120", "--reserve", "10",
+        "--budget", "900", "--deadline", "1200", "--reserve", "10",  # step-bound, not time-bound
     ])
     assert m["steps"] == 40
     assert m["first_ce"] > math.log(VOCAB) - 0.5  # starts near uniform
