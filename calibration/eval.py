@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(ALL_POLICIES),
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
-                   help="M / D values (default: k, 1.5k, 2k, 3k, 4k and half the dense union)")
+                   help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
     p.add_argument("--renorm", default="native", choices=("native", "always", "never"),
                    help="combine weights after selection for the backfill policies (ablation)")
     p.add_argument("--no-backfill", action="store_true",

@@ -18,8 +18,9 @@ LYNX_GRID = [(a, b) for a in (1.0, 4.0) for b in (5,)]
 
 
 def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
-    """k, 1.5k, 2k, 3k, 4k and half the dense union, below the expert count."""
-    ms = {top_k, round(1.5 * top_k), 2 * top_k, 3 * top_k, 4 * top_k, max(1, round(union / 2))}
+    """k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union, below the expert count."""
+    ms = {top_k, round(1.5 * top_k), 2 * top_k, 3 * top_k, 4 * top_k, 5 * top_k, 6 * top_k,
+          max(1, round(union / 2))}
     return sorted(m for m in ms if 1 <= m < num_experts)
 
 

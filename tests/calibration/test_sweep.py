@@ -6,7 +6,7 @@ from base_sglang.calibration.sweep import build_settings, check_targets, default
 
 
 def test_default_budgets_and_grid():
-    assert default_budgets(64, 8, 51.6) == [8, 12, 16, 24, 26, 32]
+    assert default_budgets(64, 8, 51.6) == [8, 12, 16, 24, 26, 32, 40, 48]
     assert default_budgets(8, 2, 5.4) == [2, 3, 4, 6]  # half union 3 merges with 1.5k; 8 >= E dropped
     s = build_settings(["base", "exfold", "oea", "lynx"], 64, 8, [16, 24], renorm="never",
                        backfill=False, lynx_taus=(1.0, 0.0625))
