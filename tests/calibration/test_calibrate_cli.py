@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from base_sglang.calibration.__main__ import main
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
 from base_sglang.calibration.fit import NEVER
 from base_sglang.calibration.pipeline import calibrate
-from transformers import AutoModelForCausalLM
-
 from base_sglang.core import Predictor, PredictorMismatch
 from base_sglang.engine.moe_hook import find_moe_blocks
 

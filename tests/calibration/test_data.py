@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from base_sglang.calibration.data import (
     distinct_batches,
     read_documents,

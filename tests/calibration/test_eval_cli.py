@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 
 import pytest
+
 from base_sglang.calibration.__main__ import main as calibrate_main
 from base_sglang.calibration.eval import main
 
@@ -29,7 +31,8 @@ def test_eval_sweep_outputs_and_identities(tiny_ckpt, tiny_data, tiny_pred, tmp_
                "--budgets", "2", "8", *SMALL])
     assert rc == 0
     res = json.loads(stem.with_suffix(".json").read_text())
-    assert stem.with_suffix(".png").stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot needs matplotlib (dev extra)
+        assert stem.with_suffix(".png").stat().st_size > 1000
     with open(stem.with_suffix(".csv")) as f:
         assert len(list(csv.DictReader(f))) == len(res["rows"])
     rows = {r["setting"]: r for r in res["rows"]}
