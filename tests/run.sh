@@ -17,4 +17,5 @@ SGL_VENV="${BASE_SGLANG_VENV:-$HOME/.cache/base-sglang/venv-sglang-0.5.23}"
 "$SGL_VENV/bin/python" -m pip install -q -r tests/plugin/sglang-cpu-requirements.txt
 "$SGL_VENV/bin/python" -m pip install -q --no-deps sglang==0.5.23
 "$SGL_VENV/bin/python" -m pip install -q --no-deps -e .
-"$SGL_VENV/bin/python" -m pytest -m "not slow" tests/plugin "$@"
+"$SGL_VENV/bin/python" -m pytest -m "not slow" tests/plugin \
+    tests/deploy/test_deploy_dockerfile.py::test_sglang_passthrough_flags_exist_in_the_pinned_sglang "$@"
