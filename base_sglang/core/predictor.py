@@ -100,6 +100,10 @@ class Predictor:
         """Raise PredictorMismatch naming the first field that disagrees with a HF model config."""
         expected = describe_model_config(model_config)
         m = self.meta
+        archs = getattr(model_config, "architectures", None) or []
+        if archs and m.architecture and m.architecture not in archs:
+            raise PredictorMismatch(
+                f"predictor field 'architecture' = {m.architecture!r} but the model is {archs[0]!r}")
         for name in ("hidden_size", "num_experts", "top_k", "num_layers"):
             got, want = getattr(m, name), expected[name]
             if want is not None and got != want:

@@ -138,8 +138,8 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
         freq = _need(predictor, policy).expert_freq[predictor.slot(layer_id)].to(w.device)  # [E]
         return cost, _top_m(freq.float(), m, in_union)
     if policy == "oea":
-        k0 = min(config.oea_k0, ids.shape[1])
-        base = _membership(ids[:, :k0], valid[:, :k0], E).any(0)  # [E] union of the top-k0 slots
+        top = slot_rank(w) < config.oea_k0  # [T, K] the token's k0 heaviest slots
+        base = _membership(ids, valid & top, E).any(0)  # [E] union of every token's top-k0
         return cost, base
     if policy == "lynx":
         r = logits.float()  # [T, E]
@@ -212,13 +212,12 @@ def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob
 def _sere(ids, w, valid, in_union, m, layer_id, config, predictor):
     """SERE: secondary slots outside the primary set go to the most similar primary expert."""
     E = in_union.shape[0]
-    K = ids.shape[1]
-    s = min(config.sere_s, K)
-    primary = _membership(ids[:, :s], valid[:, :s], E).any(0)  # [E]
+    rank = slot_rank(w)  # [T, K] 0 = the token's heaviest slot
+    primary = _membership(ids, valid & (rank < config.sere_s), E).any(0)  # [E]
     sim = predictor.sere_sim[predictor.slot(layer_id)].to(w.device).float()  # [E, E]
     to_p = torch.where(primary[None, None, :], sim[ids], torch.full_like(sim[ids], -float("inf")))
     best_sim, best = to_p.max(-1)  # [T, K]
-    secondary = torch.arange(K, device=ids.device)[None, :] >= s  # [1, K]
+    secondary = rank >= config.sere_s  # [T, K]
     critical = (config.sere_rho > 0) & (best_sim < config.sere_rho)  # [T, K]
     reroute = secondary & ~primary[ids] & ~critical & valid  # [T, K]
     return torch.where(reroute, best, ids), w
@@ -244,6 +243,17 @@ def _exfold(ids, w, valid, in_union, m, layer_id, config, predictor):
 
 
 # ---- small helpers -----------------------------------------------------------------------------
+def slot_rank(w: torch.Tensor) -> torch.Tensor:
+    """[T, K] rank of each slot by weight within its row (0 = heaviest; ties keep slot order).
+
+    Routers need not return their top-k sorted (DeepSeek-V2 uses topk(sorted=False)), so the
+    "first k0 / S slots" of OEA and SERE are taken by weight, not by position.
+    """
+    order = torch.sort(w, dim=1, descending=True, stable=True).indices  # [T, K]
+    ar = torch.arange(w.shape[1], device=w.device).expand_as(order)
+    return torch.empty_like(order).scatter_(1, order, ar)  # [T, K]
+
+
 def _membership(ids: torch.Tensor, mask: torch.Tensor, E: int) -> torch.Tensor:
     """[T, E] bool: expert e appears in row t among the masked slots. ids [T, K] (-1 allowed)."""
     T = ids.shape[0]

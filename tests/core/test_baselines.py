@@ -108,3 +108,18 @@ def test_lynx_keeps_more_experts_with_a_lower_threshold():
     loose, _ = call("lynx", 4, lynx_tau=1.0)
     tight, _ = call("lynx", 4, lynx_tau=4.0)
     assert int(tight.stats.num_kept) <= int(loose.stats.num_kept)
+
+
+@pytest.mark.parametrize("policy,kw", [("oea", {"oea_k0": 1}), ("sere", {"sere_s": 1})])
+def test_slot_order_does_not_matter_for_oea_and_sere(policy, kw):
+    """DeepSeek-V2's router returns its top-k unsorted: the top slots are taken by weight."""
+    logits, ids, w, hidden, pred = setup()
+    perm = torch.tensor([2, 0, 1])
+    cfg = SelectionConfig(policy=policy, **kw)
+    b = torch.full((T,), 4)
+    ref = select_experts(logits, ids, w, hidden, b, 0, cfg, pred)
+    shuf = select_experts(logits, ids[:, perm], w[:, perm], hidden, b, 0, cfg, pred)
+    if policy == "sere":  # per-slot rule: the same slots, permuted
+        assert torch.equal(shuf.ids, ref.ids[:, perm]) and torch.equal(shuf.weights, ref.weights[:, perm])
+    else:  # the kept set is the same, so every token ends with the same set of experts
+        assert [sorted(r) for r in shuf.ids.tolist()] == [sorted(r) for r in ref.ids.tolist()]

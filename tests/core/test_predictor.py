@@ -90,3 +90,13 @@ def test_moe_layer_ids_for_each_family():
     assert moe_layer_ids(DeepseekV2Config(num_hidden_layers=4, first_k_dense_replace=1)) == [1, 2, 3]
     d = describe_model_config(MixtralConfig(num_hidden_layers=2))
     assert d["num_experts"] == 8 and d["top_k"] == 2
+
+
+def test_validate_checks_the_architecture():
+    pred = make_predictor(6, 16, 2, layers=(0, 1))
+    cfg = qwen3_config()
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    pred.validate(cfg)
+    cfg.architectures = ["MixtralForCausalLM"]
+    with pytest.raises(PredictorMismatch, match="architecture"):
+        pred.validate(cfg)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import DEFAULT_BUDGET, E, forward_batch, model_runner, tiny_hf_config
+from plugin_helpers import DEFAULT_BUDGET, E, forward_batch, model_runner, tiny_hf_config
 
 from base_sglang.plugin import hooks
 from base_sglang.plugin.budget import DENSE

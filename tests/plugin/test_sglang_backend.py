@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from base_sglang.server.backends import sglang as backend
-from base_sglang.server.settings import Settings
-from conftest import E
+from plugin_helpers import E
 from test_budgets import _generate, _scheduled_req
 
 from base_sglang.core import PredictorMismatch
 from base_sglang.engine import SamplingParams
 from base_sglang.plugin.budget import DENSE, token_budgets
 from base_sglang.plugin.checks import UnsupportedConfig
+from base_sglang.server.backends import sglang as backend
+from base_sglang.server.settings import Settings
 
 ENV_KEYS = ("BASE_PREDICTOR", "BASE_POLICY", "BASE_DEFAULT_BUDGET", "SGLANG_PLUGINS")
 
@@ -75,7 +75,7 @@ def test_preflight_errors_name_the_option(tiny_model, tmp_path):
         backend.preflight(_settings(tiny_model, predictor=str(tmp_path / "p.safetensors")))
     with pytest.raises(ValueError, match="default_budget"):
         backend.preflight(_settings(tiny_model, default_budget="9"))  # the model has 8 experts
-    from conftest import make_predictor
+    from plugin_helpers import make_predictor
 
     make_predictor(num_experts=4).save(tmp_path / "other.safetensors")
     with pytest.raises(PredictorMismatch, match="'hidden_size'|'num_experts'"):
@@ -174,9 +174,10 @@ class FakeEngine:
 
 
 def test_openai_routes_over_the_sglang_backend(plugin_env, tiny_model):
-    from base_sglang.server.app import create_app
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
+
+    from base_sglang.server.app import create_app
 
     engine = FakeEngine(AutoTokenizer.from_pretrained(tiny_model))
     be = backend.SGLangBackend(engine, "tiny", num_experts=E, policy="base")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import E, make_predictor, model_runner, tiny_hf_config
+from plugin_helpers import E, make_predictor, model_runner, tiny_hf_config
 
 from base_sglang.core import PredictorMismatch
 from base_sglang.plugin import hooks, state

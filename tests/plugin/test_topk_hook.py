@@ -6,7 +6,7 @@ import pkgutil
 
 import pytest
 import torch
-from conftest import E, H, K, forward_batch, model_runner
+from plugin_helpers import E, H, K, forward_batch, model_runner
 
 from base_sglang.core import SelectionConfig, select_experts
 from base_sglang.plugin import TARGETS, hooks
