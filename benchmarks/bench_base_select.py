@@ -23,7 +23,6 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from base_sglang.kernels import base_score, base_select, base_select_experts, fused_moe  # noqa: E402
 from kernel_common import (  # noqa: E402
     DEVICE,
     SHAPES,
@@ -35,6 +34,7 @@ from kernel_common import (  # noqa: E402
 )
 
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, select_experts  # noqa: E402
+from base_sglang.kernels import base_score, base_select, base_select_experts, fused_moe  # noqa: E402
 
 
 def dense_times(out_dir: str) -> dict:

@@ -23,9 +23,6 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
-from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
-from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
 from kernel_common import (  # noqa: E402
     DEVICE,
     SHAPES,
@@ -38,6 +35,9 @@ from kernel_common import (  # noqa: E402
 )
 
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
+from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
+from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
 
 COPIES = 3
 BM_CANDIDATES = (16, 32, 64)

@@ -21,7 +21,6 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
 from kernel_common import DEVICE, SHAPES, make_experts, make_routing  # noqa: E402
 
 from base_sglang.core import (  # noqa: E402
@@ -31,6 +30,7 @@ from base_sglang.core import (  # noqa: E402
     moe_forward_ref,
     select_experts,
 )
+from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
 
 RESULTS: list[dict] = []
 TOKENS = (1, 16, 128) if DEVICE == "cuda" else (1, 5)

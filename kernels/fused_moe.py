@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm

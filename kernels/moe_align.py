@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
 from base_sglang.kernels.utils import ID_DTYPES, check, check_tensor, launch_kwargs, use_pdl
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from base_sglang.kernels.moe_align import MoeBlocks
 from base_sglang.kernels.utils import check, is_interpreter, launch_kwargs, use_pdl
 

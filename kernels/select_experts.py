@@ -9,10 +9,10 @@ fixed-shape and graph-capturable. Missing inputs raise the core's errors.
 from __future__ import annotations
 
 import torch
-from base_sglang.kernels.base_score import base_score
-from base_sglang.kernels.base_select import base_select
 
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
+from base_sglang.kernels.base_score import base_score
+from base_sglang.kernels.base_select import base_select
 
 
 def base_select_experts(

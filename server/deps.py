@@ -7,25 +7,17 @@ from typing import Any
 
 from fastapi import Request
 
-from base_sglang.engine.config import DENSE
+from base_sglang.core import budget as core_budget
+from base_sglang.core.budget import BUDGET_FIELD, BUDGET_HEADER, DENSE
 from base_sglang.server.errors import APIError
-
-BUDGET_HEADER = "X-Expert-Budget"
-BUDGET_FIELD = "expert_budget"
 
 
 def parse_budget(value: Any, field: str) -> int:
     """An integer >= 1, or "dense" (-> DENSE). Raises APIError(400) naming the field."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "dense":
-            return DENSE
-        if text.lstrip("+").isdigit():
-            value = int(text)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise APIError(400, f"{field}: must be an integer number of experts (>= 1) or \"dense\", "
-                            f"got {value!r}", param=field)
-    return value
+    try:
+        return core_budget.parse_budget(value, field)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=field) from None
 
 
 def resolve_budget(request: Request, body_value: Any) -> int:

@@ -16,6 +16,7 @@ Shape legend: L = number of MoE layers, E = routed experts, H = hidden size.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,12 @@ class Predictor:
         """Raise PredictorMismatch naming the first field that disagrees with a HF model config."""
         expected = describe_model_config(model_config)
         m = self.meta
-        archs = getattr(model_config, "architectures", None) or []
-        if archs and m.architecture and m.architecture not in archs:
-            raise PredictorMismatch(
-                f"predictor field 'architecture' = {m.architecture!r} but the model is {archs[0]!r}")
+        # architecture: the model_type ("qwen3_moe") or a class name ("Qwen3MoeForCausalLM")
+        names = {getattr(model_config, "model_type", None), *(getattr(model_config, "architectures",
+                                                                      None) or [])} - {None, ""}
+        if names and m.architecture and not any(_same_family(m.architecture, n) for n in names):
+            raise PredictorMismatch(f"predictor field 'architecture' = {m.architecture!r} but the "
+                                    f"model is {sorted(names)}")
         for name in ("hidden_size", "num_experts", "top_k", "num_layers"):
             got, want = getattr(m, name), expected[name]
             if want is not None and got != want:
@@ -149,6 +152,12 @@ class Predictor:
         pred = cls(meta=meta, **{k: v for k, v in tensors.items()
                                  if k in ("weight", "bias", *OPTIONAL_TENSORS)})
         return pred.to(device) if str(device) != "cpu" else pred
+
+
+def _same_family(a: str, b: str) -> bool:
+    """'qwen3_moe' ~ 'Qwen3MoeForCausalLM' ~ 'Qwen3MoeForCausalLM'; 'mixtral' !~ 'qwen3_moe'."""
+    ca, cb = (re.sub(r"[^a-z0-9]", "", x.lower()) for x in (a, b))
+    return ca.startswith(cb) or cb.startswith(ca)
 
 
 def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import POLICIES
+from ..core.budget import DENSE  # a budget >= E means dense, whatever E is
 
 # The embedded proxy checkpoint (config, tokenizer, safetensors, predictor.safetensors).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "proxy-moe"
 PREDICTOR_FILE = "predictor.safetensors"
-DENSE = 1 << 30  # a budget >= E means dense; this is "dense" whatever E is
 
 
 @dataclass(frozen=True)

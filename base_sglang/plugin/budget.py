@@ -10,26 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-BUDGET_HEADER = "X-Expert-Budget"
-BUDGET_KEY = "expert_budget"
-DENSE = 1 << 30  # a budget >= E is dense; same constant as base_sglang.engine.config.DENSE
+from ..core.budget import BUDGET_FIELD as BUDGET_KEY
+from ..core.budget import BUDGET_HEADER, DENSE, parse_budget
 
-
-def parse_budget(value: Any, field: str, num_experts: int | None = None) -> int:
-    """An integer >= 1 (<= E when E is known) or "dense" -> DENSE. Raises ValueError naming field."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "dense":
-            return DENSE
-        if text.lstrip("+").isdigit():
-            value = int(text)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field}: must be an integer number of experts (>= 1) or \"dense\", "
-                         f"got {value!r}")
-    if num_experts is not None and value != DENSE and value > num_experts:
-        raise ValueError(f"{field}: {value} exceeds the model's {num_experts} experts per layer "
-                         f"(use {num_experts} or \"dense\")")
-    return value
+__all__ = ["BUDGET_HEADER", "BUDGET_KEY", "DENSE", "apply_header", "parse_budget", "token_budgets"]
 
 
 def apply_header(sampling_params: Any, header: str | None, num_experts: int | None):

@@ -28,6 +28,7 @@ T_PROCESS = time.time()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
 from base_sglang.calibration.proxy.routing_stats import (  # noqa: E402
     RoutingAccumulator,
     union_curve,

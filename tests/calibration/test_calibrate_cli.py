@@ -87,8 +87,12 @@ def test_round_trip_and_validate_names_the_field(tiny_ckpt, tiny_data, tmp_path)
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     other = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt("mixtral"))).config
     other.num_local_experts = 6
-    with pytest.raises(PredictorMismatch, match="num_experts"):
+    with pytest.raises(PredictorMismatch, match="architecture"):  # a Qwen3 file on a Mixtral model
         a.validate(other)
+    same_arch = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt("qwen3_moe"))).config
+    same_arch.num_experts += 2
+    with pytest.raises(PredictorMismatch, match="num_experts"):
+        a.validate(same_arch)
     cfg = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt("qwen3_moe"))).config
     cfg.hidden_size = 48
     with pytest.raises(PredictorMismatch, match="hidden_size"):

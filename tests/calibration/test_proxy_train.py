@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from base_sglang.calibration.proxy import train
 from base_sglang.calibration.proxy.routing_stats import RoutingAccumulator, union_curve
 

@@ -93,10 +93,12 @@ def test_moe_layer_ids_for_each_family():
 
 
 def test_validate_checks_the_architecture():
-    pred = make_predictor(6, 16, 2, layers=(0, 1))
+    pred = make_predictor(6, 16, 2, layers=(0, 1))  # architecture "Qwen3MoeForCausalLM"
     cfg = qwen3_config()
     cfg.architectures = ["Qwen3MoeForCausalLM"]
     pred.validate(cfg)
-    cfg.architectures = ["MixtralForCausalLM"]
+    pred.meta.architecture = "qwen3_moe"  # calibration records the model_type
+    pred.validate(cfg)
+    pred.meta.architecture = "mixtral"
     with pytest.raises(PredictorMismatch, match="architecture"):
         pred.validate(cfg)

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from base_sglang.kernels import base_score
 from kernel_helpers import DEVICE, predictor, routing
+
+from base_sglang.kernels import base_score
 
 # fp32 accumulation in both; only the summation order over H differs
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-7), torch.bfloat16: dict(rtol=1e-5, atol=1e-7)}

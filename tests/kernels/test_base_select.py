@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from base_sglang.kernels import base_select, base_select_experts
 from kernel_helpers import DEVICE, predictor, routing
 
 from base_sglang.core import SelectionConfig, select_experts
 from base_sglang.core.selection import _batch_score, _top_m
+from base_sglang.kernels import base_select, base_select_experts
 
 H = 24
 W_ATOL = 1e-6  # fp32 softmax/renorm in both; only rounding differs

@@ -5,12 +5,12 @@ import sys
 
 import pytest
 import torch
-from base_sglang.kernels import fused_moe, moe_align
-from base_sglang.kernels.fused_moe import MoeConfig
-from base_sglang.kernels.moe_gemm import GemmConfig
 from kernel_helpers import DEVICE, experts, routing
 
 from base_sglang.core import moe_forward_ref
+from base_sglang.kernels import fused_moe, moe_align
+from base_sglang.kernels.fused_moe import MoeConfig
+from base_sglang.kernels.moe_gemm import GemmConfig
 
 # bf16 inputs; the kernel accumulates in fp32 and rounds the SiLU*up activation to bf16 once, so it
 # is compared with an fp32 reference on the same bf16 weights by relative L2 error
