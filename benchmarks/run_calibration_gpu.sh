@@ -10,8 +10,10 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || exit 1
 MODEL=base_sglang/models/proxy-moe
 DATA=base_sglang/data/heldout.txt
-/usr/bin/time -f "calibration wall %e s" base-calibrate --model $MODEL --data $DATA \
-    --out "$OUT/predictor_cuda.safetensors" --device cuda --dtype float32 --quiet 2>&1 | tail -5 | tee "$OUT/calibrate.log"
+START=$SECONDS
+base-calibrate --model $MODEL --data $DATA --out "$OUT/predictor_cuda.safetensors" --device cuda \
+    --dtype float32 --quiet 2>&1 | tail -5 | tee "$OUT/calibrate.log"
+echo "calibration wall $((SECONDS - START)) s" | tee -a "$OUT/calibrate.log"
 python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/compare.log"
 import json, sys, torch
 from base_sglang.core import Predictor
