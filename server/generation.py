@@ -113,6 +113,22 @@ def error_event(exc: Exception) -> str:
                           "param": err.param, "code": "queue_full" if status == 503 else None}})
 
 
+def engine_error_event(error: str) -> str:
+    """An SSE error event for a request that failed inside the engine mid-stream."""
+    return sse({"error": {"message": f"the request failed inside the engine: {error}",
+                          "type": "internal_server_error", "param": None, "code": "engine_error"}})
+
+
+async def sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A route's SSE body: its events, a late refusal as an error event, then [DONE]."""
+    try:
+        async for event in events:
+            yield event
+    except (ValueError, QueueFull) as exc:
+        yield error_event(exc)
+    yield sse("[DONE]")
+
+
 async def merge(streams) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several output streams as (choice index, output), in arrival order."""
     if len(streams) == 1:

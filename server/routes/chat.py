@@ -8,7 +8,6 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.engine import QueueFull
 from base_sglang.server.deps import (
     BUDGET_HEADER,
     budget_label,
@@ -20,12 +19,13 @@ from base_sglang.server.errors import APIError
 from base_sglang.server.generation import (
     Result,
     collect,
-    error_event,
+    engine_error_event,
     new_id,
     raise_if_failed,
     record,
     sampling_params,
     sse,
+    sse_stream,
     submit,
     usage,
 )
@@ -63,7 +63,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     headers = {BUDGET_HEADER: str(budget_label(budget, backend.num_experts))}
     [stream] = submit(backend, [prompt_ids], params, budget, rid)
     if body.stream:
-        return StreamingResponse(_stream(request, body, backend, rid, stream, budget, started),
+        return StreamingResponse(sse_stream(_events(request, body, backend, rid, stream, budget,
+                                                    started)),
                                  media_type="text/event-stream", headers=headers)
     [res] = await collect(request, [stream])
     record(request, ENDPOINT, 200, [res], budget, started)
@@ -75,15 +76,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                                   choices=[choice],
                                   usage=Usage(**usage([res], budget, backend.num_experts)))
     return JSONResponse(resp.model_dump(), headers=headers)
-
-
-async def _stream(request, body, backend, rid, stream, budget, started):
-    try:
-        async for event in _events(request, body, backend, rid, stream, budget, started):
-            yield event
-    except (ValueError, QueueFull) as exc:
-        yield error_event(exc)
-    yield sse("[DONE]")
 
 
 async def _events(request, body, backend, rid, stream, budget, started):
@@ -101,9 +93,7 @@ async def _events(request, body, backend, rid, stream, budget, started):
     async for out in stream:
         res.add(out)
         if out.error is not None:
-            yield sse({"error": {"message": f"the request failed inside the engine: {out.error}",
-                                 "type": "internal_server_error", "param": None,
-                                 "code": "engine_error"}})
+            yield engine_error_event(out.error)
             break
         lps = _logprobs(backend.tokenizer, out.logprobs or []) if body.logprobs else None
         use = Usage(**usage([res], budget, backend.num_experts)) if out.finished else None

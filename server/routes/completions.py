@@ -7,7 +7,6 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.engine import QueueFull
 from base_sglang.server.deps import (
     BUDGET_HEADER,
     budget_label,
@@ -19,13 +18,14 @@ from base_sglang.server.errors import APIError
 from base_sglang.server.generation import (
     Result,
     collect,
-    error_event,
+    engine_error_event,
     merge,
     new_id,
     raise_if_failed,
     record,
     sampling_params,
     sse,
+    sse_stream,
     submit,
     usage,
 )
@@ -55,7 +55,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     streams = submit(backend, prompts, params, budget, rid)
     ctx = _Ctx(request, body, backend, rid, prompts, budget, started)
     if body.stream:
-        return StreamingResponse(_stream(ctx, streams), media_type="text/event-stream",
+        return StreamingResponse(sse_stream(_events(ctx, streams)), media_type="text/event-stream",
                                  headers=headers)
     results = await collect(request, streams)
     record(request, ENDPOINT, 200, results, budget, started)
@@ -72,24 +72,13 @@ class _Ctx:
         self.created = int(time.time())
 
 
-async def _stream(ctx: _Ctx, streams):
-    try:
-        async for event in _events(ctx, streams):
-            yield event
-    except (ValueError, QueueFull) as exc:
-        yield error_event(exc)
-    yield sse("[DONE]")
-
-
 async def _events(ctx: _Ctx, streams):
     results = [Result() for _ in streams]
     echoed = [False] * len(streams)
     async for i, out in merge(streams):
         results[i].add(out)
         if out.error is not None:
-            yield sse({"error": {"message": f"the request failed inside the engine: {out.error}",
-                                 "type": "internal_server_error", "param": None,
-                                 "code": "engine_error"}})
+            yield engine_error_event(out.error)
             continue
         text, logprobs = out.text, None
         if ctx.body.echo and not echoed[i]:
