@@ -15,7 +15,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from base_sglang.calibration.config import CalibrationConfig
+from base_sglang.calibration.config import CalibrationConfig, run_cli
 from base_sglang.calibration.data import (
     DEFAULT_EVAL_PERCENT,
     SPLITS,
@@ -55,19 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        return run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"base-calibrate: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        torch.set_num_threads(threads)
+    return run_cli("base-calibrate", run, build_parser().parse_args(argv))
 
 
 def run(args) -> int:

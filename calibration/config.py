@@ -60,3 +60,22 @@ class CalibrationConfig:
         if self.stat_budgets:
             return tuple(m for m in self.stat_budgets if m < num_experts)
         return tuple(m for m in (top_k, 2 * top_k, 3 * top_k, 4 * top_k) if m < num_experts)
+
+
+def run_cli(prog: str, run, args) -> int:
+    """Run a CLI body with args.threads torch threads; a ValueError / missing file is a clean
+    `prog: error: ...` and exit code 2 (the message names the field)."""
+    import sys
+
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        return run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        torch.set_num_threads(threads)

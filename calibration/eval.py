@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from base_sglang.calibration.config import run_cli
 from base_sglang.calibration.data import (
     DEFAULT_EVAL_PERCENT,
     SPLITS,
@@ -60,18 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        return run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"base-eval: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        torch.set_num_threads(threads)
+    return run_cli("base-eval", run, args)
 
 
 def _validate(args) -> list[str]:
