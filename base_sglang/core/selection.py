@@ -77,25 +77,25 @@ def select_experts(
     batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
     m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
 
-    pred_cost = None  # [T, K] predicted removal cost c = w^2 exp(2 yhat)
+    pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
     if config.policy == "base" and predictor is not None and layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
-        pred_cost = w.square() * torch.exp(2.0 * yhat)  # [T, K]
+        pred_d = _batch_score(ids, w.square() * torch.exp(2.0 * yhat), valid, E)  # [E]
 
     policy = config.policy
     if policy == "dense" or layer_id in config.skip_layers:
         new_ids, new_w = raw, w
-        cost = pred_cost
+        d = pred_d
     elif policy in ("sere", "exfold"):
         new_ids, new_w = (_sere if policy == "sere" else _exfold)(
             ids, w, valid, in_union, m, layer_id, config, _need(predictor, policy))
         new_ids = torch.where(raw >= 0, new_ids, raw)  # a -1 slot stays dropped
-        cost = pred_cost
+        d = pred_d
     else:
-        cost, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
-                               config, predictor, pred_cost, routed_norms)
+        d, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
+                            config, predictor, pred_d, routed_norms)
         if config.backfill:
             new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
         else:
@@ -108,8 +108,7 @@ def select_experts(
 
     kept = _membership(new_ids, new_ids >= 0, E).any(0)  # [E]
     removed = torch.zeros((), device=dev)
-    if cost is not None:
-        d = _batch_score(ids, cost, valid, E)  # [E]
+    if d is not None:
         removed = (d * (in_union & ~kept)).sum()  # []
     stats = SelectionStats(num_union, kept.sum(), removed)
     return Selection(new_ids.to(topk_ids.dtype), new_w.to(topk_weights.dtype), stats)
@@ -117,21 +116,20 @@ def select_experts(
 
 # ---- kept set S for the backfill-style policies ------------------------------------------------
 def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config, predictor,
-              pred_cost, routed_norms):
-    """Return (per-pair removal cost or None, kept mask in_s [E])."""
+              pred_d, routed_norms):
+    """Return (batch removal score D [E] reported in the stats, or None; kept mask in_s [E])."""
     E = logits.shape[1]
-    cost = pred_cost
+    cost = pred_d  # other policies report the predicted removal score when a predictor is given
     if policy == "base":
-        if pred_cost is None:
+        if pred_d is None:
             _need(predictor, policy)
             raise ValueError("base: hidden_states are required to predict removal costs")
-        score = _batch_score(ids, pred_cost, valid, E)  # [E] D_u
-        return cost, _top_m(score, m, in_union)
+        return pred_d, _top_m(pred_d, m, in_union)
     if policy == "oracle":
         if routed_norms is None:
             raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
-        cost = w.square() * routed_norms.float().square()  # [T, K]
-        return cost, _top_m(_batch_score(ids, cost, valid, E), m, in_union)
+        d = _batch_score(ids, w.square() * routed_norms.float().square(), valid, E)  # [E] true D_u
+        return d, _top_m(d, m, in_union)
     if policy == "gate_sum":
         return cost, _top_m(_batch_score(ids, w, valid, E), m, in_union)
     if policy == "frequency":
