@@ -37,13 +37,27 @@ from base_sglang.calibration.proxy.routing_stats import (  # noqa: E402
 CONFIGS = {
     # config A of proxy_model.md: 28.97M parameters, 6.95M active per token
     "A": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-              head_dim=64, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=64),
+              head_dim=64, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=64,
+              norm_topk_prob=True),
+    # the second proxy (proxy_model.md section 0): another routing convention, 32 experts, top-4,
+    # no top-k renormalisation (Qwen1.5-MoE / DeepSeek-V2 style); 22.2M parameters, 5.69M active
+    "E32K4": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=64, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=128,
+                  norm_topk_prob=False),
     # CPU smoke tests
     "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                 head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16),
+                 head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                 norm_topk_prob=True),
+    "tiny-nonorm": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                        norm_topk_prob=False),
 }
 DEFAULT_WEIGHTS = "wordnet:0.5,gosrc:0.6,rustsrc:0.6,sympy:0.6"
 CODE_SOURCES = {"pystdlib", "pytests", "django", "sympy", "gosrc", "rustsrc"}
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def log(msg: str) -> None:
@@ -117,7 +131,7 @@ def build_model(name: str, vocab: int, seed: int, device: torch.device, dtype: t
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
-        vocab_size=vocab, **CONFIGS[name], norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        vocab_size=vocab, **CONFIGS[name], decoder_sparse_step=1, mlp_only_layers=[],
         intermediate_size=4 * CONFIGS[name]["hidden_size"], max_position_embeddings=2048,
         rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=True,
         output_router_logits=False, router_aux_loss_coef=0.0, bos_token_id=None, eos_token_id=0,
@@ -472,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
             log(f"  layer {i}: max/mean {layer['load_max_over_mean']:.2f} "
                 f"min/mean {layer['load_min_over_mean']:.2f} dead {layer['dead_experts']} "
                 f"entropy {layer['load_entropy']:.3f} MI {layer['mutual_info']:.3f} "
-                f"union@16 {metrics['union']['per_layer'][16][i]:.1f} code/text TV {layer['code_text_tv']:.3f}")
+                f"union@16 {metrics['union']['per_layer'][16][i]:.1f} code/text TV {_fmt(layer['code_text_tv'])}")
         u = metrics["union"]
         log("  union mean over layers: " + ", ".join(
             f"B={b}: {u['mean'][b]:.1f} (uniform {u['uniform'][b]:.1f})" for b in u["batch_sizes"]))

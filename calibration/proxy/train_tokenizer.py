@@ -8,6 +8,8 @@ Reads --work/clean/<key>.{train,val}.jsonl (written by build_corpus.py) and writ
     index.json     per-source [start, end) offsets into both streams, vocab and special ids
 
     python -m base_sglang.calibration.proxy.train_tokenizer --work .corpus
+    python -m base_sglang.calibration.proxy.train_tokenizer --work .corpus \
+        --tokenizer base_sglang/models/proxy-moe       # reuse the shipped tokenizer: same token ids
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import lzma
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator
 
@@ -95,7 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample-mb", type=float, default=60.0, help="text sampled to train the BPE")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--xz-preset", type=int, default=9)
+    ap.add_argument("--tokenizer", default=None,
+                    help="encode with this existing tokenizer folder (tokenizer.json) instead of training one")
     a = ap.parse_args(argv)
+    if a.tokenizer and not os.path.exists(os.path.join(a.tokenizer, "tokenizer.json")):
+        ap.error(f"--tokenizer: {os.path.join(a.tokenizer, 'tokenizer.json')} not found")
     if a.vocab > 65535:
         ap.error("--vocab must fit uint16 (<= 65535)")
     meta_path = os.path.join(a.work, "sources.json")
@@ -115,9 +122,20 @@ def main(argv: list[str] | None = None) -> None:
           f"({sum(map(len, sample)) / 1e6:.1f} MB)", flush=True)
 
     t1 = time.time()
-    tok = train_tokenizer(iter(sample), a.vocab)
-    save_tokenizer(tok, os.path.join(a.work, "tokenizer"))
-    print(f"tokenizer trained in {time.time() - t1:.1f}s, vocab {tok.get_vocab_size()}", flush=True)
+    if a.tokenizer:
+        tok = Tokenizer.from_file(os.path.join(a.tokenizer, "tokenizer.json"))
+        if tok.token_to_id(EOS) != 0 or tok.token_to_id(PAD) != 1:
+            raise SystemExit(f"--tokenizer: {a.tokenizer} must have {EOS} = 0 and {PAD} = 1")
+        dest = os.path.join(a.work, "tokenizer")
+        os.makedirs(dest, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if os.path.exists(os.path.join(a.tokenizer, name)):
+                shutil.copy(os.path.join(a.tokenizer, name), dest)
+        print(f"tokenizer from {a.tokenizer}, vocab {tok.get_vocab_size()}", flush=True)
+    else:
+        tok = train_tokenizer(iter(sample), a.vocab)
+        save_tokenizer(tok, os.path.join(a.work, "tokenizer"))
+        print(f"tokenizer trained in {time.time() - t1:.1f}s, vocab {tok.get_vocab_size()}", flush=True)
 
     t2 = time.time()
     index = {"vocab_size": tok.get_vocab_size(), "eos_id": 0, "pad_id": 1, "dtype": "uint16",

@@ -81,6 +81,24 @@ def test_train_smoke_reloads_and_learns(data_dir, tmp_path):
     assert ce < m["first_ce"] - 0.7  # the reloaded weights are the trained ones
 
 
+def test_second_proxy_config_has_no_topk_renorm(data_dir, tmp_path):
+    """The E32K4 routing convention (norm_topk_prob false) reaches the saved config and the router."""
+    from transformers import AutoModelForCausalLM
+
+    assert train.CONFIGS["E32K4"]["norm_topk_prob"] is False
+    assert (train.CONFIGS["E32K4"]["num_experts"], train.CONFIGS["E32K4"]["num_experts_per_tok"]) == (32, 4)
+    out = tmp_path / "ckpt"
+    train.main(["--data", str(data_dir), "--out", str(out), "--config", "tiny-nonorm", "--device", "cpu",
+                "--batch", "4", "--seq", "16", "--steps", "3", "--warmup", "1", "--eval-batch", "4",
+                "--eval-tokens", "64", "--union-len", "8", "--compile", "off", "--budget", "900",
+                "--deadline", "1200", "--reserve", "10"])
+    model = AutoModelForCausalLM.from_pretrained(out).float()
+    assert model.config.norm_topk_prob is False
+    gate = model.model.layers[0].mlp.gate
+    _, weights, _ = gate(torch.randn(5, model.config.hidden_size))
+    assert (weights.sum(-1) < 1 - 1e-3).all()  # raw softmax probabilities of the top-2, not renormalised
+
+
 def test_bad_weights_name_the_source(data_dir, tmp_path):
     with pytest.raises(SystemExit, match="unknown source 'nope'"):
         train.main(["--data", str(data_dir), "--out", str(tmp_path / "o"), "--config", "tiny",
