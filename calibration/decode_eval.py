@@ -67,9 +67,9 @@ class EnergyProbe:
             ids = ids.reshape(x.shape[0], -1).long()  # [T, K]
             c = w.reshape(ids.shape).float().square() * routed_outputs(x, ids, block.experts).norm(
                 dim=-1).square()  # [T, K] true removal cost
-            executed = output[2].reshape(-1).long()  # executed ids, sentinel E = dropped
-            kept = torch.zeros(E + 1, dtype=torch.bool, device=x.device)
-            kept[executed] = True
+            executed = output[2].reshape(-1).long()  # executed ids, -1 = dropped slot
+            kept = torch.zeros(E, dtype=torch.bool, device=x.device)
+            kept[executed[executed >= 0]] = True
             self.values.append(float((c * kept[ids]).sum() / c.sum().clamp_min(1e-30)))
             return None
 

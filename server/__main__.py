@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
+
+from pydantic import ValidationError
 
 from base_sglang.server.settings import Settings
 
@@ -53,13 +56,16 @@ def build_parser(defaults: Settings) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     try:
         defaults = Settings()
-    except Exception as exc:  # a bad BASE_* variable
-        sys.exit(f"base-serve: error: {exc}")
+    except ValidationError as exc:  # a bad BASE_* variable
+        _fail(_validation_message(exc, env=True))
     parser = build_parser(defaults)
     args, extra = parser.parse_known_args(argv)
     if extra and args.backend == "native":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    settings = Settings(**vars(args), backend_args=extra)
+    try:
+        settings = Settings(**vars(args), backend_args=extra)
+    except ValidationError as exc:
+        _fail(_validation_message(exc, env=False))
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         from base_sglang.server.app import create_app
@@ -68,10 +74,37 @@ def main(argv: list[str] | None = None) -> None:
         backend = create_backend(settings)
         app = create_app(backend, settings)
     except (FileNotFoundError, ValueError) as exc:
-        sys.exit(f"base-serve: error: {exc}")
+        _fail(_name_option(str(exc)))
     import uvicorn
 
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr and exit code 2, as argparse does for a bad flag."""
+    print(f"base-serve: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _option(field: str) -> str:
+    return f"--{field.replace('_', '-')} (BASE_{field.upper()})"
+
+
+def _name_option(message: str) -> str:
+    """"default_budget: ..." -> "--default-budget (BASE_DEFAULT_BUDGET): ..." for settings fields."""
+    head, sep, rest = message.partition(":")
+    if sep and head in Settings.model_fields:
+        return f"{_option(head)}:{rest}"
+    return message
+
+
+def _validation_message(exc: ValidationError, env: bool) -> str:
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err.get("loc") else "?"
+    name = f"BASE_{field.upper()}" if env else _option(field)
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ").removeprefix(f"{field}: ")
+    got = "" if "got " in msg else f" (got {err.get('input')!r})"
+    return f"{name}: {msg}{got}"
 
 
 if __name__ == "__main__":

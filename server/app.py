@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from base_sglang.server.deps import parse_budget
+from base_sglang.core.budget import resolve_budget
 from base_sglang.server.errors import install_error_handlers
 from base_sglang.server.metrics import Metrics
 from base_sglang.server.routes import chat, completions, health, metrics, models
@@ -36,12 +36,8 @@ def create_app(backend, settings: Settings | None = None) -> FastAPI:
 
 
 def _default_budget(settings: Settings, num_experts: int) -> int:
-    budget = parse_budget(settings.default_budget, "default_budget")
     lo, hi = settings.min_budget, settings.max_budget or num_experts
     if not 1 <= lo <= hi:
         raise ValueError(f"min_budget/max_budget: need 1 <= min_budget <= max_budget, got "
                          f"[{lo}, {hi}]")
-    if not lo <= min(budget, num_experts) <= hi:
-        raise ValueError(f"default_budget: {settings.default_budget} is outside the allowed range "
-                         f"[{lo}, {hi}] (the model has {num_experts} experts per layer)")
-    return budget
+    return resolve_budget(settings.default_budget, "default_budget", num_experts, lo, hi)

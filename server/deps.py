@@ -7,42 +7,27 @@ from typing import Any
 
 from fastapi import Request
 
-from base_sglang.core import budget as core_budget
-from base_sglang.core.budget import BUDGET_FIELD, BUDGET_HEADER, DENSE
+from base_sglang.core.budget import BUDGET_FIELD, BUDGET_HEADER, budget_label
+from base_sglang.core.budget import resolve_budget as resolve
 from base_sglang.server.errors import APIError
 
-
-def parse_budget(value: Any, field: str) -> int:
-    """An integer >= 1, or "dense" (-> DENSE). Raises APIError(400) naming the field."""
-    try:
-        return core_budget.parse_budget(value, field)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param=field) from None
+__all__ = ["BUDGET_HEADER", "budget_label", "check_model", "require_api_key", "resolve_budget"]
 
 
 def resolve_budget(request: Request, body_value: Any) -> int:
-    """The request's budget: body field wins over the header; absent -> the server default."""
+    """The request's budget, an int in 1..E (E = dense): the body field wins over the header;
+    absent -> the server default. Raises APIError(400) naming the field."""
     settings, backend = request.app.state.settings, request.app.state.backend
-    E = backend.num_experts
     if body_value is not None:
-        field, budget = BUDGET_FIELD, parse_budget(body_value, BUDGET_FIELD)
+        field, value = BUDGET_FIELD, body_value
     elif request.headers.get(BUDGET_HEADER) is not None:
-        field, budget = BUDGET_HEADER, parse_budget(request.headers[BUDGET_HEADER], BUDGET_HEADER)
+        field, value = BUDGET_HEADER, request.headers[BUDGET_HEADER]
     else:
         return request.app.state.default_budget
-    if budget != DENSE and budget > E:
-        raise APIError(400, f"{field}: {budget} exceeds the model's {E} experts per layer "
-                            f"(use {E} or \"dense\")", param=field)
-    lo, hi = settings.min_budget, settings.max_budget or E
-    effective = min(budget, E)
-    if not lo <= effective <= hi:
-        raise APIError(400, f"{field}: {budget_label(budget, E)} is outside the allowed range "
-                            f"[{lo}, {hi}] of this server", param=field)
-    return budget
-
-
-def budget_label(budget: int, num_experts: int) -> int | str:
-    return "dense" if budget >= num_experts else budget
+    try:
+        return resolve(value, field, backend.num_experts, settings.min_budget, settings.max_budget)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=field) from None
 
 
 async def require_api_key(request: Request) -> None:

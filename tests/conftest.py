@@ -11,6 +11,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_report_header(config):
+    import transformers
+
+    return f"base-sglang under torch {torch.__version__}, transformers {transformers.__version__}"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

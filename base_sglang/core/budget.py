@@ -1,7 +1,9 @@
-"""Per-request expert budgets as they arrive from clients: one parser for every front end.
+"""Per-request expert budgets: one parser for every edge (HTTP, CLI/env, in-process, SGLang hook).
 
-A budget is experts per MoE layer per decode step: an integer 1..E, or "dense" (DENSE, any value >= E
-means dense to select_experts). The HTTP header and the body field carry the same value.
+A budget is the number of experts each MoE layer may execute per decode step. Clients send an
+integer 1..E, its decimal string, or "dense"; `resolve_budget` turns that, once, at the edge, into
+the one internal form: an int in 1..E, where E (all experts) means dense. Below the edge nothing
+re-parses it. `budget_label` turns it back into what clients see ("dense" or the int).
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from typing import Any
 
 BUDGET_HEADER = "X-Expert-Budget"
 BUDGET_FIELD = "expert_budget"
-DENSE = 1 << 30  # a budget >= E means dense, whatever E is
+DENSE_LABEL = "dense"
+DENSE = 1 << 30  # legacy sentinel of the SGLang plugin's budget path: any value >= E is dense
 
 
 def parse_budget(value: Any, field: str, num_experts: int | None = None) -> int:
     """An integer >= 1 (<= E when E is known) or "dense" -> DENSE. Raises ValueError naming field."""
     if isinstance(value, str):
         text = value.strip().lower()
-        if text == "dense":
+        if text == DENSE_LABEL:
             return DENSE
         if text.lstrip("+").isdigit():
             value = int(text)
@@ -28,3 +31,26 @@ def parse_budget(value: Any, field: str, num_experts: int | None = None) -> int:
         raise ValueError(f"{field}: {value} exceeds the model's {num_experts} experts per layer "
                          f"(use {num_experts} or \"dense\")")
     return value
+
+
+def resolve_budget(value: Any, field: str, num_experts: int, min_budget: int = 1,
+                   max_budget: int | None = None) -> int:
+    """A client's budget -> experts per MoE layer per decode step, an int in 1..E (E = dense).
+
+    value: an int, a decimal string, or "dense" (any case). The result must also lie in
+    [min_budget, max_budget] (max_budget None = E; dense counts as E). Raises ValueError whose
+    message starts with `field`.
+    """
+    budget = parse_budget(value, field, num_experts)
+    budget = min(budget, num_experts)
+    hi = num_experts if max_budget is None else min(max_budget, num_experts)
+    if not min_budget <= budget <= hi:
+        raise ValueError(f"{field}: {budget_label(budget, num_experts)} is outside the allowed "
+                         f"range [{min_budget}, {hi}] of this server (dense counts as "
+                         f"{num_experts})")
+    return budget
+
+
+def budget_label(budget: int, num_experts: int) -> int | str:
+    """What clients see: "dense" for E (or more), else the int."""
+    return DENSE_LABEL if budget >= num_experts else budget

@@ -261,9 +261,14 @@ def _membership(ids: torch.Tensor, mask: torch.Tensor, E: int) -> torch.Tensor:
 
 
 def _batch_score(ids: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, E: int):
-    """D[e] = sum over real (t, k) with ids[t,k] == e of values[t,k]. Deterministic one-hot sum."""
+    """D[e] = sum over real (t, k) with ids[t,k] == e of values[t,k]. Deterministic one-hot sum.
+
+    A NaN value (a row whose hidden state went bad) counts as 0, so it cannot poison every
+    expert's score through the one-hot product (0 * NaN = NaN) and the other rows' selection.
+    """
     onehot = (ids.unsqueeze(-1) == torch.arange(E, device=ids.device)) & valid.unsqueeze(-1)
-    return (onehot * values.float().unsqueeze(-1)).sum((0, 1))  # [E]
+    clean = torch.nan_to_num(values.float(), nan=0.0)  # [T, K]
+    return (onehot * clean.unsqueeze(-1)).sum((0, 1))  # [E]
 
 
 def _need(predictor: Predictor | None, policy: str) -> Predictor:

@@ -8,7 +8,6 @@ from importlib import import_module
 _EXPORTS = {
     "AsyncLLMEngine": ".async_engine",
     "DEFAULT_MODEL_DIR": ".config",
-    "DENSE": ".config",
     "EngineConfig": ".config",
     "LLMEngine": ".llm_engine",
     "SamplingParams": ".sampling_params",

@@ -4,7 +4,8 @@ Requests and aborts are handed to the loop through a queue and applied between s
 outputs come back through its own asyncio.Queue. `_streams` (live requests) is changed only on the
 event-loop side; the engine thread only reads it. Leaving the `generate` iterator early (client gone,
 task cancelled) aborts the request, which frees its batch slot at the next step boundary.
-A step that raises fails the requests of that batch (error output) and the loop carries on.
+A step that raises fails the requests of that batch (LLMEngine.step turns it into error outputs),
+and a request whose logits are not finite fails alone; the loop carries on either way.
 """
 
 from __future__ import annotations
@@ -54,14 +55,15 @@ class AsyncLLMEngine:
     def num_live(self) -> int:
         return len(self._streams)
 
-    def generate(self, prompt_ids: list[int], params, budget: int | None,
+    def generate(self, prompt_ids: list[int], params, budget: int | str | None,
                  request_id: str) -> AsyncIterator[RequestOutput]:
         """Submit now and return the request's output stream (ends with the finished output).
 
         Raises ValueError (naming the field) or QueueFull right away. Leaving the stream early
         aborts the request; a stream that is never iterated must be given to abort().
         """
-        self.engine.validate(prompt_ids, params, budget)
+        budget = self.engine.resolve_budget(budget)
+        self.engine.validate(prompt_ids, params)
         if self.num_live >= self.capacity:
             raise QueueFull(f"the server is at capacity ({self.capacity} requests)")
         if request_id in self._streams:

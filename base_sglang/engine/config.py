@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import POLICIES
-from ..core.budget import DENSE  # a budget >= E means dense, whatever E is
+from ..core.budget import DENSE_LABEL, parse_budget
 
 # The embedded proxy checkpoint (config, tokenizer, safetensors, predictor.safetensors).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "proxy-moe"
@@ -18,7 +18,8 @@ class EngineConfig:
     """model           : Hugging Face checkpoint directory (any supported transformers MoE).
     predictor       : predictor file; None -> <model>/predictor.safetensors when it exists.
     policy          : selection policy applied in decode steps (prefill is always dense).
-    default_budget  : experts per MoE layer per decode step for requests that set none; DENSE = dense.
+    default_budget  : experts per MoE layer per decode step for requests that set none: an int
+                      1..E or "dense" (checked against E when the model is loaded).
     max_running_requests : rows in one decode batch.
     max_waiting_requests : bounded waiting queue; add_request raises QueueFull beyond it.
     max_prefill_tokens   : padded tokens (rows x longest prompt) admitted in one prefill batch.
@@ -31,7 +32,7 @@ class EngineConfig:
     model: str = str(DEFAULT_MODEL_DIR)
     predictor: str | None = None
     policy: str = "base"
-    default_budget: int = DENSE
+    default_budget: int | str = DENSE_LABEL
     max_running_requests: int = 32
     max_waiting_requests: int = 256
     max_prefill_tokens: int = 8192
@@ -44,8 +45,7 @@ class EngineConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"policy: unknown policy {self.policy!r}; choose one of {POLICIES}")
-        if self.default_budget < 1:
-            raise ValueError(f"default_budget: must be >= 1 (or dense), got {self.default_budget}")
+        parse_budget(self.default_budget, "default_budget")  # the range check needs E (engine)
         for name in ("max_running_requests", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import traceback
 
 import torch
 
+from ..core.budget import BUDGET_FIELD, resolve_budget
 from .config import EngineConfig
 from .detokenizer import Detokenizer
 from .loader import eos_token_ids
@@ -14,6 +17,10 @@ from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler
 from .sequence import RequestOutput, Sequence
 from .stats import EngineStats, StepStats
+
+log = logging.getLogger(__name__)
+NON_FINITE = ("the model produced non-finite logits (NaN or Inf) for this request; it was "
+              "stopped (other requests in the batch are unaffected)")
 
 
 class LLMEngine:
@@ -31,24 +38,37 @@ class LLMEngine:
         self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers))
         self._ids = itertools.count()
         self._last_step: tuple[list[Sequence], bool] = ([], False)
+        self.default_budget = resolve_budget(config.default_budget, "default_budget",
+                                             self.num_experts)
         torch.manual_seed(config.seed)
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params, budget: int | None = None,
+    def add_request(self, prompt: str | list[int], params, budget: int | str | None = None,
                     request_id: str | None = None) -> str:
-        """Queue a request; raises ValueError naming the field, or QueueFull."""
+        """Queue a request; raises ValueError naming the field, or QueueFull.
+
+        budget: experts per MoE layer per decode step, an int 1..E or "dense"; None = the
+        engine's default_budget.
+        """
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.validate(prompt_ids, params, budget)
+        budget = self.resolve_budget(budget)
+        self.validate(prompt_ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         gen = None
         if params.seed is not None:
             gen = torch.Generator(self.runner.device).manual_seed(params.seed)
-        seq = Sequence(rid, prompt_ids, params, budget if budget is not None else self.config.default_budget,
-                       Detokenizer(self.tokenizer, params.stop), generator=gen)
+        seq = Sequence(rid, prompt_ids, params, budget, Detokenizer(self.tokenizer, params.stop),
+                       generator=gen)
         self.scheduler.add(seq)
         return rid
 
-    def validate(self, prompt_ids: list[int], params, budget: int | None) -> None:
+    def resolve_budget(self, budget: int | str | None) -> int:
+        """A caller's budget (int 1..E, "dense", None = default) -> an int in 1..E (E = dense)."""
+        if budget is None:
+            return self.default_budget
+        return resolve_budget(budget, BUDGET_FIELD, self.num_experts)
+
+    def validate(self, prompt_ids: list[int], params) -> None:
         vocab = self.runner.model.config.vocab_size
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
@@ -57,8 +77,6 @@ class LLMEngine:
         if len(prompt_ids) + max(params.max_tokens, 1) > self.max_model_len:
             raise ValueError(f"max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds the model's {self.max_model_len}")
-        if budget is not None and budget < 1:
-            raise ValueError(f"expert_budget: must be >= 1, got {budget}")
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a waiting or running request (call between steps); returns its final output."""
@@ -101,10 +119,26 @@ class LLMEngine:
         seqs, is_prefill = self._last_step = self.scheduler.schedule()
         if not seqs:
             return []
-        logits, stats = self.runner.run(seqs, is_prefill)  # [B, V] last-position logits
-        token_ids = self.sampler(logits, seqs)
-        self.stats.record(stats)
-        return self.postprocess(seqs, token_ids, logits, stats)
+        try:
+            logits, stats = self.runner.run(seqs, is_prefill)  # [B, V] last-position logits
+            failed = self._fail_non_finite(seqs, logits)
+            ok = [b for b, seq in enumerate(seqs) if not seq.is_finished]
+            token_ids = self.sampler(logits[ok], [seqs[b] for b in ok])
+            self.stats.record(stats)
+            return failed + self.postprocess([seqs[b] for b in ok], token_ids, logits[ok], stats)
+        except Exception as exc:  # the batch's requests end with an error; the engine goes on
+            log.error("engine step failed: %s", traceback.format_exc())
+            return self.fail_step(f"{type(exc).__name__}: {exc}")
+
+    def _fail_non_finite(self, seqs: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+        """Finish every row whose logits are not all finite with an error (only that request)."""
+        finite = torch.isfinite(logits).all(-1).tolist()  # [B]
+        outs = []
+        for seq, ok in zip(seqs, finite):
+            if not ok:
+                seq.finish("error")
+                outs.append(self._output(seq, [], "", error=NON_FINITE))
+        return outs
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], logits: torch.Tensor,
                     stats: StepStats) -> list[RequestOutput]:

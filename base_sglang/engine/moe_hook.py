@@ -2,19 +2,23 @@
 
 Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral and DeepSeek-V2 blocks in transformers 5 all run
     _, weights, ids = block.gate(x);  y = block.experts(x, ids, weights)  (+ shared experts)
-so one wrapper around `block.gate` is enough: it applies the selection and hands the experts module
-ids where dropped slots point at the sentinel expert E with weight 0. transformers' grouped_mm and
-batched_mm experts skip sentinel rows (its expert-parallel convention), so a dropped expert is not run.
+so a wrapper around `block.gate` applies the selection, and a wrapper around `block.experts` runs
+what the selection decided with this project's own expert code: dropped slots are -1 and are never
+computed (core.moe_ref on the CPU, kernels.fused_moe on CUDA). Nothing relies on what a transformers
+experts implementation does with ids it was not written for. At patch time a self-test checks that
+the model's experts compute the function our expert code assumes (weight layout, activation); a
+model whose experts differ is refused with a message naming its class.
 
 The batch metadata comes from one module-level context set around each forward:
     with decode_step(budget) as step:   # budget [T] int, one per flattened token row
         model(...)
     step.stats[layer_id] -> SelectionStats
-Outside a decode_step (prefill, plain forward) every block runs dense and unchanged.
-`decode_step(budget, skip_selection=True)` is a promise from the caller (who knows the budgets on the
-host) that a budgeted policy cannot change this step: every row is real and either every row is dense
-or the batch budget M covers every routed pair (M >= T * K, so the kept set is the whole union).
-Budgeted policies then return the router's choice as it is and only count the experts.
+Outside a decode_step (prefill, plain forward) every block runs dense and unchanged, through the
+model's own experts implementation. `decode_step(budget, skip_selection=True)` is a promise from the
+caller (who knows the budgets on the host) that a budgeted policy cannot change this step: every row
+is real and either every row is dense or the batch budget M covers every routed pair (M >= T * K, so
+the kept set is the whole union). Budgeted policies then return the router's choice as it is, only
+count the experts, and the model's own experts implementation runs the unchanged routing.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..core import Predictor, SelectionConfig, SelectionStats, expert_output_norms, select_experts
+from ..core import (
+    Predictor,
+    SelectionConfig,
+    SelectionStats,
+    expert_output_norms,
+    moe_forward_ref,
+    select_experts,
+)
 from ..core.predictor import describe_model_config
 
 
@@ -35,6 +46,7 @@ class StepContext:
     skip_selection: bool = False  # set by the caller (never inferred here: no host sync)
     stats: dict[int, SelectionStats] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> executed ids [T, K]
+    as_routed: set[int] = field(default_factory=set)  # layers whose routing was left unchanged
 
 
 _current: StepContext | None = None
@@ -51,10 +63,6 @@ def decode_step(budget: torch.Tensor, skip_selection: bool = False):
         yield _current
     finally:
         _current = None
-
-
-def current_step() -> StepContext | None:
-    return _current
 
 
 def reset_step() -> None:
@@ -82,7 +90,7 @@ def norm_topk_prob(config) -> bool:
 
 
 class MoEPatch:
-    """Wraps every MoE block's router of a transformers model; `remove()` restores them."""
+    """Wraps every MoE block's router and experts of a transformers model; `remove()` restores them."""
 
     def __init__(self, model: nn.Module, config: SelectionConfig,
                  predictor: Predictor | None = None, use_kernels: bool | str = "auto"):
@@ -98,50 +106,43 @@ class MoEPatch:
         self.num_experts = described["num_experts"]
         self.top_k = described["top_k"]
         self.norm_topk = norm_topk_prob(model.config)
-        if getattr(model.config, "_experts_implementation", None) in (None, "eager"):
-            # eager experts cannot take the sentinel id; grouped_mm computes the same function
-            model.config._experts_implementation = "grouped_mm"
+        check_experts(next(iter(self.blocks.values())).experts, self.top_k)
         self.use_kernels = _kernels_usable(model) if use_kernels == "auto" else bool(use_kernels)
         self._select = select_experts
+        self._run_experts = _run_experts_ref
         if self.use_kernels:
             from ..kernels import base_select_experts
 
             self._select = base_select_experts  # same contract; other policies fall back to the core
+            self._run_experts = _run_experts_fused
         self._originals = {}
-        self._experts_originals = {}
         for layer_id, block in self.blocks.items():
-            self._originals[layer_id] = block.gate.forward
-            block.gate.forward = self._wrap(layer_id, block, block.gate.forward)
-            if self.use_kernels:
-                self._experts_originals[layer_id] = block.experts.forward
-                block.experts.forward = self._wrap_experts(block.experts, block.experts.forward)
+            self._originals[layer_id] = (block.gate.forward, block.experts.forward)
+            block.gate.forward = self._wrap_gate(layer_id, block, block.gate.forward)
+            block.experts.forward = self._wrap_experts(layer_id, block.experts,
+                                                       block.experts.forward)
 
     def set_config(self, config: SelectionConfig) -> None:
         self.config = config
 
     def remove(self) -> None:
         for layer_id, block in self.blocks.items():
-            block.gate.forward = self._originals[layer_id]
-            if layer_id in self._experts_originals:
-                block.experts.forward = self._experts_originals[layer_id]
+            block.gate.forward, block.experts.forward = self._originals[layer_id]
         self._originals = {}
-        self._experts_originals = {}
 
-    def _wrap_experts(self, experts: nn.Module, experts_forward):
-        """Decode steps on CUDA: the expert-skipping Triton MoE (sentinel ids become -1 slots)."""
-        from ..kernels import fused_moe
+    def _wrap_experts(self, layer_id: int, experts: nn.Module, experts_forward):
+        """Decode steps run the selection's ids (-1 = dropped) with this project's expert code."""
+        run = self._run_experts
 
         def forward(hidden_states, top_k_index, top_k_weights):
-            if _current is None:
+            step = _current
+            if step is None or (layer_id in step.as_routed and not self.use_kernels):
                 return experts_forward(hidden_states, top_k_index, top_k_weights)
-            ids = torch.where(top_k_index >= self.num_experts, torch.full_like(top_k_index, -1),
-                              top_k_index)  # [T, K]
-            return fused_moe(hidden_states, ids, top_k_weights, experts.gate_up_proj,
-                             experts.down_proj)
+            return run(experts, hidden_states, top_k_index, top_k_weights)
 
         return forward
 
-    def _wrap(self, layer_id: int, block: nn.Module, gate_forward):
+    def _wrap_gate(self, layer_id: int, block: nn.Module, gate_forward):
         def forward(hidden_states, *args, **kwargs):
             out = gate_forward(hidden_states, *args, **kwargs)
             step = _current
@@ -152,6 +153,7 @@ class MoEPatch:
                 step.stats[layer_id] = _dense_stats(ids.reshape(ids.shape[0], -1),
                                                     self.num_experts)
                 step.ids[layer_id] = ids
+                step.as_routed.add(layer_id)
                 return out
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, H]
             norms = None
@@ -164,11 +166,65 @@ class MoEPatch:
                 self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms)
             step.stats[layer_id] = sel.stats
             step.ids[layer_id] = sel.ids
-            sentinel = torch.full_like(sel.ids, self.num_experts)
-            exec_ids = torch.where(sel.ids >= 0, sel.ids, sentinel).view_as(ids)
-            return logits, sel.weights.view_as(weights), exec_ids
+            if self.config.policy == "dense" or layer_id in self.config.skip_layers:
+                step.as_routed.add(layer_id)  # the router's own ids and weights, unchanged
+            return logits, sel.weights.view_as(weights), sel.ids.view_as(ids)
 
         return forward
+
+
+def _run_experts_ref(experts: nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
+                     weights: torch.Tensor) -> torch.Tensor:
+    """The torch path: core.moe_ref over (token, slot) pairs; -1 slots are never computed."""
+    return moe_forward_ref(hidden, ids, weights, experts.gate_up_proj, experts.down_proj,
+                           experts.act_fn)
+
+
+def _run_experts_fused(experts: nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+    """CUDA bf16/fp16: the expert-skipping Triton MoE (dropped experts' weights are never read)."""
+    from ..kernels import fused_moe
+
+    return fused_moe(hidden, ids, weights, experts.gate_up_proj, experts.down_proj)
+
+
+def check_experts(experts: nn.Module, top_k: int) -> None:
+    """Refuse a model whose experts module computes something else than core.moe_ref assumes.
+
+    moe_ref reads gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I] and act_fn, with
+    no biases. The flags transformers' experts decorator sets are checked, then the module's own
+    forward is compared with moe_ref on a few tokens routed to real experts (no dropped slots).
+    """
+    name = type(experts).__name__
+    for flag, want in (("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
+                       ("has_gate", True)):
+        if getattr(experts, flag, want) != want:
+            raise ValueError(f"model: {name}.{flag} = {not want}: this experts layout is not "
+                             f"supported by base_sglang's expert path")
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if gate_up is None or down is None or gate_up.dim() != 3 or down.dim() != 3:
+        raise ValueError(f"model: {name} has no 3-D gate_up_proj/down_proj expert weights")
+    E, two_i, H = gate_up.shape
+    if two_i % 2 or tuple(down.shape) != (E, H, two_i // 2):
+        raise ValueError(f"model: {name} weights gate_up_proj {tuple(gate_up.shape)} and "
+                         f"down_proj {tuple(down.shape)} are not [E, 2I, H] and [E, H, I]")
+    if gate_up.device.type == "meta":
+        return
+    g = torch.Generator(device="cpu").manual_seed(0)
+    T, K = 4, min(top_k, E)
+    x = torch.randn(T, H, generator=g).to(gate_up.device, gate_up.dtype)  # [T, H]
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(gate_up.device)
+    w = torch.rand(T, K, generator=g).to(gate_up.device, gate_up.dtype)  # [T, K]
+    with torch.no_grad():
+        theirs = experts(x, ids, w).float()  # [T, H] the library's own (dense) computation
+        ours = moe_forward_ref(x, ids, w, gate_up, down, experts.act_fn).float()
+    tol = 1e-4 if gate_up.dtype == torch.float32 else 3e-2
+    err = ((theirs - ours).norm() / theirs.norm().clamp_min(1e-12)).item()
+    if not err <= tol:  # also catches NaN
+        raise ValueError(f"model: {name} (transformers experts implementation "
+                         f"{getattr(getattr(experts, 'config', None), '_experts_implementation', '?')!r}) "
+                         f"disagrees with base_sglang's expert path (relative error {err:.2e} > "
+                         f"{tol:.0e}); refusing to patch this model")
 
 
 def _kernels_usable(model: nn.Module) -> bool:

@@ -6,6 +6,8 @@ import torch
 
 from .sequence import Sequence, TokenLogprob
 
+LOGPROB_FLOOR = -9999.0  # log-probabilities of impossible tokens (-inf) are reported as this
+
 
 class Sampler:
     @torch.inference_mode()
@@ -16,7 +18,8 @@ class Sampler:
         if all(s.params.is_greedy for s in seqs):
             return greedy.tolist()
         dev = logits.device
-        temp = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=dev)  # [B]
+        temp = torch.tensor([1.0 if s.params.is_greedy else s.params.temperature for s in seqs],
+                            device=dev)  # [B]
         top_k = torch.tensor([s.params.top_k for s in seqs], device=dev)  # [B]
         top_p = torch.tensor([s.params.top_p for s in seqs], device=dev)  # [B]
         probs = torch.softmax(_filter(logits / temp[:, None], top_k, top_p), -1)  # [B, V]
@@ -44,9 +47,10 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprob]:
     """Model log-probabilities (before temperature) of token_ids and the top num_top alternatives.
 
-    logits [N, V], token_ids N ints.
+    logits [N, V] finite, token_ids N ints. Every value is finite (>= LOGPROB_FLOOR), so the
+    result always serialises to JSON.
     """
-    logp = torch.log_softmax(logits.float(), -1)  # [N, V]
+    logp = torch.log_softmax(logits.float(), -1).clamp_min(LOGPROB_FLOOR)  # [N, V] finite
     chosen = logp.gather(1, torch.tensor(token_ids, device=logp.device)[:, None])[:, 0]  # [N]
     top_v, top_i = logp.topk(num_top, -1) if num_top > 0 else (logp[:, :0], logp[:, :0].long())
     out = []

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy (dividing logits by them overflows)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k <= 0 and top_p = 1 switch those filters off.
+    """temperature 0 (or below SAMPLING_EPS) is greedy; top_k <= 0 and top_p = 1 switch those
+    filters off.
 
     logprobs        : None, or the number of top alternatives returned with each generated token.
     prompt_logprobs : None, or the same for the prompt tokens (completions `echo` + `logprobs`).
@@ -44,4 +46,4 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1

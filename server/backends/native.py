@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from base_sglang.engine import AsyncLLMEngine, EngineConfig, LLMEngine
-from base_sglang.server.deps import parse_budget
 
 
 class NativeBackend:
@@ -44,9 +43,9 @@ def engine_config(settings) -> EngineConfig:
                 else "no Hugging Face checkpoint (config.json) there")
         raise FileNotFoundError(f"model: {model} not found ({hint}); pass --model PATH "
                                 f"(or set BASE_MODEL) to a local MoE checkpoint directory")
-    budget = parse_budget(settings.default_budget, "default_budget")
     return EngineConfig(model=str(model), predictor=settings.predictor, policy=settings.policy,
-                        default_budget=budget, max_running_requests=settings.max_running_requests,
+                        default_budget=settings.default_budget,
+                        max_running_requests=settings.max_running_requests,
                         max_waiting_requests=settings.max_waiting_requests, device=settings.device,
                         dtype=settings.dtype, num_threads=settings.num_threads)
 

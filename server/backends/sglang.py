@@ -20,7 +20,7 @@ from pathlib import Path
 from base_sglang.core import Predictor
 from base_sglang.engine import RequestOutput
 from base_sglang.engine.sequence import TokenLogprob
-from base_sglang.plugin.budget import BUDGET_KEY, DENSE, parse_budget
+from base_sglang.plugin.budget import BUDGET_KEY, parse_budget
 from base_sglang.plugin.checks import check_server_args
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # SGLang's finish types; others -> "abort"
@@ -48,8 +48,6 @@ class SGLangBackend:
         if len(prompt_ids) + max(params.max_tokens, 1) > self.max_model_len:
             raise ValueError(f"max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds the model's {self.max_model_len}")
-        if budget is not None:
-            parse_budget(budget, BUDGET_KEY)
         return self._stream(list(prompt_ids), params, budget, request_id)
 
     async def _stream(self, prompt_ids, params, budget, request_id):
@@ -97,7 +95,7 @@ def logprob_args(params) -> dict:
             "logprob_start_len": 0 if params.prompt_logprobs is not None else -1}
 
 
-def request_output(out: dict, request_id: str, budget, params, first: bool) -> RequestOutput:
+def request_output(out: dict, request_id: str, budget: int, params, first: bool) -> RequestOutput:
     """One streamed SGLang output (incremental_streaming_output: deltas) -> engine.RequestOutput."""
     meta = out["meta_info"]
     reason = meta.get("finish_reason")
@@ -117,7 +115,7 @@ def request_output(out: dict, request_id: str, budget, params, first: bool) -> R
         finish_reason=None if reason is None else FINISH_REASONS.get(kind, "abort"),
         num_prompt_tokens=meta.get("prompt_tokens", 0),
         num_output_tokens=meta.get("completion_tokens", 0),
-        budget=DENSE if budget is None else budget,
+        budget=budget,
         experts_per_layer=None, experts_per_layer_routed=None)  # logged by the plugin instead
 
 

@@ -53,8 +53,8 @@ def test_base_never_executes_more_than_m_experts(model, M):
             assert int(step.stats[layer].num_kept) <= M
             assert int(step.stats[layer].num_union) > M
         assert not torch.equal(ref, out)
-        with decode_step(torch.full((16,), E)):
-            assert torch.equal(model(x).logits, ref)
+        with decode_step(torch.full((16,), E)):  # nothing dropped: our expert path, same function
+            torch.testing.assert_close(model(x).logits, ref, rtol=1e-5, atol=1e-6)
     finally:
         patch.remove()
 

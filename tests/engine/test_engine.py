@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from base_sglang.engine import DENSE, EngineConfig, LLMEngine, QueueFull, SamplingParams
+from base_sglang.engine import EngineConfig, LLMEngine, QueueFull, SamplingParams
 from base_sglang.engine.tiny import ARCHS, create_tiny_moe
 
 PROMPTS = ["Hello, world!", "The quick brown fox jumps", "def add(a, b):\n    return",
@@ -21,7 +21,7 @@ def hf_greedy(model_dir, tokenizer, prompt, n):
 
 
 def test_dense_greedy_equals_transformers_generate(engine, tiny_model_dir):
-    results = engine.generate(PROMPTS, GREEDY, budget=DENSE)  # one left-padded batch of 4
+    results = engine.generate(PROMPTS, GREEDY, budget="dense")  # one left-padded batch of 4
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     for prompt, (ids, text, last) in zip(PROMPTS, results):
         enc = engine.tokenizer(prompt, return_tensors="pt").input_ids
@@ -39,7 +39,7 @@ def test_other_architectures_dense_match(arch, tmp_path):
     path = create_tiny_moe(tmp_path / arch, arch=arch, num_layers=1)
     eng = LLMEngine(EngineConfig(model=str(path), policy="base"))
     prompts = PROMPTS[:2]
-    results = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), budget=DENSE)
+    results = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), budget="dense")
     for prompt, (ids, _, _) in zip(prompts, results):
         assert ids == hf_greedy(path, eng.tokenizer, prompt, 4)
     small = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), budget=1)
@@ -66,7 +66,7 @@ def test_batch_budget_bounds_experts_executed(engine):
     assert any(r > s.batch_budget for s in steps for r in s.experts_routed)  # selection did cut
     start = len(engine.stats.recent)
     engine.add_request(PROMPTS[0], params, 1)
-    engine.add_request(PROMPTS[1], params, DENSE)
+    engine.add_request(PROMPTS[1], params, "dense")
     _drain(engine)
     for s in (s for s in list(engine.stats.recent)[start:] if not s.is_prefill):
         assert s.budgets == (1, E) and s.batch_budget == E
@@ -78,15 +78,15 @@ def test_continuous_batching_matches_solo_runs(engine):
     """Requests joining and leaving a running batch get exactly their solo greedy output."""
     lengths = [3, 9, 5, 7]
     solo = [engine.generate([p], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
-                            budget=DENSE)[0][0] for p, n in zip(PROMPTS, lengths)]
+                            budget="dense")[0][0] for p, n in zip(PROMPTS, lengths)]
     got: dict[str, list[int]] = {}
     rids = [engine.add_request(PROMPTS[i], SamplingParams(temperature=0.0, max_tokens=lengths[i],
-                                                          ignore_eos=True), DENSE) for i in (0, 1)]
+                                                          ignore_eos=True), "dense") for i in (0, 1)]
     sizes = []
     for step in range(40):
         if step == 2:  # two more join mid-flight, the short first one leaves meanwhile
             rids += [engine.add_request(PROMPTS[i], SamplingParams(
-                temperature=0.0, max_tokens=lengths[i], ignore_eos=True), DENSE) for i in (2, 3)]
+                temperature=0.0, max_tokens=lengths[i], ignore_eos=True), "dense") for i in (2, 3)]
         for out in engine.step():
             got.setdefault(out.request_id, []).extend(out.token_ids)
         sizes.append(len(engine.scheduler.running))
@@ -113,11 +113,11 @@ def test_seeded_sampling_is_reproducible(engine):
 
 def test_stop_string_truncates_and_finishes(engine):
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    ids, text, _ = engine.generate([PROMPTS[2]], params, budget=DENSE)[0]
+    ids, text, _ = engine.generate([PROMPTS[2]], params, budget="dense")[0]
     stop = text[3:5] if len(text) >= 5 else text[-1:]
     assert stop
     _, cut, last = engine.generate([PROMPTS[2]], SamplingParams(
-        temperature=0.0, max_tokens=12, ignore_eos=True, stop=(stop,)), budget=DENSE)[0]
+        temperature=0.0, max_tokens=12, ignore_eos=True, stop=(stop,)), budget="dense")[0]
     assert cut == text[:text.find(stop)] and last.finish_reason == "stop"
 
 
@@ -201,8 +201,8 @@ def _drain(engine):
 
 def test_failed_prefill_fails_only_the_new_request(engine, monkeypatch):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    solo = engine.generate([PROMPTS[0]], params, budget=DENSE)[0][0]
-    rid = engine.add_request(PROMPTS[0], params, DENSE)
+    solo = engine.generate([PROMPTS[0]], params, budget="dense")[0][0]
+    rid = engine.add_request(PROMPTS[0], params, "dense")
     got = []
     for out in engine.step() + engine.step():  # prefill, then one decode step
         got += out.token_ids
@@ -212,11 +212,10 @@ def test_failed_prefill_fails_only_the_new_request(engine, monkeypatch):
         raise RuntimeError("bad prompt")
 
     monkeypatch.setattr(engine.runner, "prefill", broken)
-    bad = engine.add_request(PROMPTS[1], params, DENSE)
-    with pytest.raises(RuntimeError):
-        engine.step()
-    [failed] = engine.fail_step("RuntimeError: bad prompt")
-    assert failed.request_id == bad and failed.finish_reason == "error" and failed.error
+    bad = engine.add_request(PROMPTS[1], params, "dense")
+    [failed] = engine.step()  # the failed prefill ends its own request, nothing else
+    assert failed.request_id == bad and failed.finish_reason == "error"
+    assert failed.finished and "bad prompt" in failed.error
     monkeypatch.setattr(engine.runner, "prefill", original)
     for out in _drain(engine):
         assert out.request_id == rid
@@ -228,7 +227,7 @@ def test_failed_prefill_fails_only_the_new_request(engine, monkeypatch):
 def test_cuda_engine_dense_matches_generate_and_budget_holds(tiny_model_dir):
     eng = LLMEngine(EngineConfig(model=str(tiny_model_dir), policy="base", device="cuda",
                                  dtype="float32"))
-    results = eng.generate(PROMPTS, GREEDY, budget=DENSE)
+    results = eng.generate(PROMPTS, GREEDY, budget="dense")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).cuda().eval()
     for prompt, (ids, _, _) in zip(PROMPTS, results):
         enc = eng.tokenizer(prompt, return_tensors="pt").input_ids.cuda()

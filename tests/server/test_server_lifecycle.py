@@ -102,7 +102,38 @@ def test_metrics_and_health(server):
 def test_cli_names_model_when_checkpoint_missing(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--model", str(tmp_path / "missing")])
-    assert "--model" in str(exc.value) and str(tmp_path / "missing") in str(exc.value)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1  # one line, no traceback
+    assert err.startswith("base-serve: error: --model") and str(tmp_path / "missing") in err
+
+
+@pytest.mark.parametrize("argv,env,named", [
+    (["--default-budget", "foo"], {}, "--default-budget (BASE_DEFAULT_BUDGET)"),
+    (["--default-budget", "0"], {}, "--default-budget (BASE_DEFAULT_BUDGET)"),
+    (["--policy", "nope"], {}, "--policy (BASE_POLICY)"),
+    (["--port", "70000"], {}, "--port (BASE_PORT)"),
+    (["--device", "gpu"], {}, "--device (BASE_DEVICE)"),
+    (["--min-budget", "0"], {}, "--min-budget (BASE_MIN_BUDGET)"),
+    ([], {"BASE_DEFAULT_BUDGET": "lots"}, "BASE_DEFAULT_BUDGET"),
+    ([], {"BASE_PORT": "http"}, "BASE_PORT"),
+    ([], {"BASE_MAX_RUNNING_REQUESTS": "0"}, "BASE_MAX_RUNNING_REQUESTS"),
+])
+def test_cli_bad_flag_or_variable_is_one_line_naming_it(argv, env, named, monkeypatch, capsys):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)  # every check here runs before the model loads
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"base-serve: error: {named}: ")
+
+
+def test_cli_budget_above_the_models_experts_is_named(server_model_dir, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(server_model_dir), "--default-budget", "99"])
+    err = capsys.readouterr().err.splitlines()[-1]  # after transformers' loading progress bar
+    assert exc.value.code == 2
+    assert err.startswith("base-serve: error: --default-budget (BASE_DEFAULT_BUDGET): 99 exceeds")
 
 
 def test_cli_native_refuses_unknown_flags(server_model_dir):
