@@ -3,7 +3,8 @@
     base-eval --model PATH --predictor FILE --data FILE --batch-size 16 --prefix 64 --steps 64 \
         --policies base,oracle,gate_sum,frequency,exfold,oea,sere,lynx --out benchmarks/results/NAME
 
-Scores only the evaluation half of the documents (data.py), which base-calibrate never uses. Writes
+Scores the reporting part of the evaluation half (data.py): base-calibrate never sees it and no policy
+knob was chosen on it (knobs are tuned with --split tune). Writes
 NAME.json, NAME.csv and NAME.png.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from base_sglang.calibration.config import run_cli
 from base_sglang.calibration.data import (
     DEFAULT_EVAL_PERCENT,
+    DEFAULT_TUNE_PERCENT,
     SPLITS,
     distinct_batches,
     read_documents,
@@ -33,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor", default=None, help="predictor file from base-calibrate")
     p.add_argument("--data", required=True, help="held-out text: .txt or .jsonl")
     p.add_argument("--out", required=True, help="output path stem (writes .json, .csv, .png)")
-    p.add_argument("--split", default="eval", choices=SPLITS)
+    p.add_argument("--split", default="report", choices=SPLITS,
+                   help="documents to score: report (default, never used to choose a knob), tune, "
+                        "eval (= tune + report), calib, all")
     p.add_argument("--eval-percent", type=int, default=DEFAULT_EVAL_PERCENT)
+    p.add_argument("--tune-percent", type=int, default=DEFAULT_TUNE_PERCENT)
     p.add_argument("--batch-size", type=int, default=16, help="decode batch B (rows from different documents)")
     p.add_argument("--num-batches", type=int, default=4, help="batches of B windows to score")
     p.add_argument("--prefix", type=int, default=64, help="tokens prefilled densely")
@@ -106,7 +111,8 @@ def run(args) -> int:
         predictor = predictor.to(next(model.parameters()).device)
     desc = describe_model_config(model.config)
     E, K = int(desc["num_experts"]), int(desc["top_k"])
-    docs = split_documents(read_documents(args.data), args.split, args.eval_percent)
+    docs = split_documents(read_documents(args.data), args.split, args.eval_percent,
+                           args.tune_percent)
     length = args.prefix + args.steps + 1
     wins = windows(tokenize_documents(tokenizer, docs), length)
     batches = distinct_batches(wins, args.batch_size, args.num_batches)
@@ -148,6 +154,7 @@ def run(args) -> int:
         "data": Path(args.data).name, "command": "base-eval " + " ".join(args.argv),
         "settings": {"batch_size": args.batch_size, "num_batches": len(batches), "prefix": args.prefix,
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
+                     "tune_percent": args.tune_percent,
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
                      "backfill": not args.no_backfill, "lynx_taus": taus, "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

@@ -33,9 +33,16 @@ def environment() -> dict:
     except OSError:
         pass
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = ""
     return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain",
             "--untracked-files=no")), "cpu": cpu or platform.processor(), "gpu": dev,
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": tf_version,
             "python": platform.python_version()}
 
 
