@@ -148,7 +148,7 @@ def run(args) -> int:
     if probe is not None:
         probe.remove()
 
-    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None)
+    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None, top_k=K)
     meta = {
         "model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name if args.predictor else None,
         "data": Path(args.data).name, "command": "base-eval " + " ".join(args.argv),
@@ -170,10 +170,15 @@ def run(args) -> int:
 
 
 def _checks_text(c: dict) -> str:
-    lines = [f"BASE best non-oracle at every matched cost: {c.get('all_base_best_non_oracle')}",
-             f"BASE within 10% of the oracle's increase at every M: {c.get('all_base_within_10pct_of_oracle')}"]
+    p = c.get("policy")
+    lines = [f"{p} unbeaten by every other policy at equal or lower cost: {c.get('unbeaten')}"
+             + (f" (beaten by {', '.join(c['beaten_by'])})" if c.get("beaten_by") else ""),
+             f"{p} within 10% of the oracle's increase at every M >= k: "
+             f"{c.get('all_within_10pct_of_oracle')}",
+             f"{p} within 10% of oracle_plus's increase at every M >= k: "
+             f"{c.get('all_within_10pct_of_oracle_plus')}"]
     if "half_union_M" in c:
-        lines.append(f"half dense union M={c['half_union_M']}: dppl {c['half_union_base_dppl_pct']:.2f}% "
+        lines.append(f"half dense union M={c['half_union_M']}: dppl {c['half_union_dppl_pct']:.2f}% "
                      f"(<= 2%: {c['half_union_within_2pct']})")
     if "predictor_spearman_min" in c:
         lines.append(f"predictor Spearman (min over layers): {c['predictor_spearman_min']:.3f}")

@@ -78,7 +78,8 @@ def select_experts(
     m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
 
     pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
-    if config.policy == "base" and predictor is not None and layer_id not in config.skip_layers:
+    if config.policy in ("base", "base_plus") and predictor is not None and \
+            layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
@@ -100,8 +101,8 @@ def select_experts(
             new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
         else:
             new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
-        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids, config.renorm,
-                                 norm_topk_prob)
+        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids,
+                                 config.combine_mode(norm_topk_prob), config.renorm_alpha)
 
     new_ids = torch.where(real[:, None], new_ids, torch.full_like(new_ids, -1))  # padded rows dropped
     new_w = torch.where(new_ids >= 0, new_w, torch.zeros_like(new_w))  # [T, K]
@@ -120,7 +121,7 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
     """Return (batch removal score D [E] reported in the stats, or None; kept mask in_s [E])."""
     E = logits.shape[1]
     cost = pred_d  # other policies report the predicted removal score when a predictor is given
-    if policy == "base":
+    if policy in ("base", "base_plus"):
         if pred_d is None:
             _need(predictor, policy)
             raise ValueError("base: hidden_states are required to predict removal costs")
@@ -185,9 +186,8 @@ def _backfill(logits, ids, ok, routed_row, in_s, K):
     return out[:, :K]  # [T, K]
 
 
-def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob):
-    """Combine weights for the final set, following the renorm option (see SelectionConfig)."""
-    mode = ("always" if norm_topk_prob else "never") if renorm == "native" else renorm
+def _combine_weights(logits, ids, w, routed_row, new_ids, mode, alpha=0.5):
+    """Combine weights for the final set: mode "always", "never" or "partial" (see SelectionConfig)."""
     p = torch.softmax(logits.float(), dim=-1)  # [T, E]
     ok = new_ids >= 0  # [T, K]
     safe = new_ids.clamp_min(0)  # [T, K]
@@ -201,7 +201,10 @@ def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob
         w_full = p.new_zeros(p.shape[0], p.shape[1] + 1).scatter_(1, col, w)  # [T, E+1] own weights
         own = routed_row.gather(1, safe) & ok  # [T, K] expert was in the token's top-k
         scaled = p_new * (total_w / total_p.clamp_min(1e-30))  # backfilled: same scaling as routed
-        new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K]
+        new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K] "never"
+        if mode == "partial":
+            total_new = new_w.sum(1, keepdim=True).clamp_min(1e-30)  # [T, 1]
+            new_w = new_w * (total_w / total_new).clamp_min(0.0).pow(alpha)  # [T, K]
     unchanged = (new_ids == ids).all(1, keepdim=True)  # [T, 1] exact identity when nothing moved
     return torch.where(unchanged, w, new_w)
 
