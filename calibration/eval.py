@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop removed slots instead of backfilling them (ablation)")
     p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
                    help="Lynx keep thresholds tau to sweep (default 1, 1/4, 1/B, 1/B^2)")
+    p.add_argument("--max-errors", type=float, nargs="*", default=None,
+                   help="also run base_plus with error-targeted budgets: each row's predicted relative "
+                        "error per MoE layer bounded by each of these values (core/error_budget.py)")
     p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
@@ -79,6 +82,8 @@ def _validate(args) -> list[str]:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
         if p in NEEDS_PREDICTOR and not args.predictor:
             raise ValueError(f"predictor: policy {p!r} needs --predictor (a base-calibrate file)")
+    if args.max_errors and not args.predictor:
+        raise ValueError("predictor: --max-errors needs --predictor (a base-calibrate file)")
     return policies
 
 
@@ -138,7 +143,8 @@ def run(args) -> int:
     half_m = max(1, round(union / 2))
     taus = args.lynx_tau or [1.0, 0.25, 1 / args.batch_size, 1 / args.batch_size ** 2]
     settings = build_settings(policies, E, K, budgets, renorm=args.renorm,
-                              backfill=not args.no_backfill, lynx_taus=taus)[1:]
+                              backfill=not args.no_backfill, lynx_taus=taus,
+                              max_errors=tuple(args.max_errors or ()))[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -156,7 +162,8 @@ def run(args) -> int:
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
                      "tune_percent": args.tune_percent,
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
-                     "backfill": not args.no_backfill, "lynx_taus": taus, "device": str(dev),
+                     "backfill": not args.no_backfill, "lynx_taus": taus,
+                     "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                      "energy_probe": probe is not None, "documents": len(docs)},
         "num_experts": E, "top_k": K, "dense_union": union, "seconds": round(time.time() - t0, 1),

@@ -14,6 +14,7 @@ import torch
 COLUMNS = ("setting", "policy", "knob", "value", "experts", "union", "nll", "ppl", "dnll", "dnll_se",
            "dppl_pct", "agree", "kl", "energy", "tokens", "seconds")
 STYLE = {"base_plus": ("tab:red", "o", "-"), "oracle_plus": ("gray", "*", "--"),
+         "base_plus_err": ("darkred", "h", ":"),
          "base": ("tab:pink", "o", "-"), "oracle": ("black", "*", "--"), "gate_sum": ("tab:blue", "s", "-"),
          "frequency": ("tab:green", "^", "-"), "exfold": ("tab:purple", "D", "-"),
          "oea": ("tab:orange", "v", ":"), "sere": ("tab:brown", "P", ""), "lynx": ("tab:cyan", "X", "")}

@@ -32,9 +32,11 @@ def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
 
 def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: list[int],
                    renorm: str = "native", backfill: bool = True,
-                   lynx_taus: tuple[float, ...] = (1.0,)) -> list[Setting]:
+                   lynx_taus: tuple[float, ...] = (1.0,),
+                   max_errors: tuple[float, ...] = ()) -> list[Setting]:
     """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
-    pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx)."""
+    pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx). max_errors adds
+    base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap)."""
     out = [Setting("dense", "dense", "-", "-", SelectionConfig(policy="dense"), num_experts)]
     kw = dict(renorm=renorm, backfill=backfill)
     # oracle_plus runs the core's oracle (true norms) under base_plus's combine rule
@@ -62,6 +64,11 @@ def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: l
                     for a, b in LYNX_GRID for t in lynx_taus]
         else:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
+    for eps in max_errors:
+        if not 0 <= eps <= 1:
+            raise ValueError(f"max_errors: each bound must be in [0, 1], got {eps}")
+        out.append(Setting(f"base_plus err={eps:g}", "base_plus_err", "max_error", eps,
+                           SelectionConfig(policy="base_plus", **kw), num_experts, max_error=eps))
     return out
 
 
@@ -133,7 +140,7 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             entry[f"over_{orc}"] = b["dppl_pct"] / o["dppl_pct"] if o["dppl_pct"] > 0 else float("nan")
         out["matched_budget"].append(entry)
     for r in rows:
-        if r["policy"] in ("dense", ref, *ORACLES):
+        if r["policy"] in ("dense", ref, *ORACLES, f"{ref}_err"):  # _err: the default, error-targeted
             continue
         y = _interp(xs, ys, r["experts"])
         y_nll = _interp(xs, ys_nll, r["experts"])

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from .config import SelectionConfig
+from .error_budget import error_budgets, score_rank
 from .predictor import Predictor
 
 
@@ -56,8 +57,13 @@ def select_experts(
     *,
     norm_topk_prob: bool = True,
     routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle only)
+    max_error: torch.Tensor | None = None,  # [T] float error bound per row, NaN = none (error_budget.py)
 ) -> Selection:
-    """Turn the router's top-k into what one MoE layer executes in one decode step."""
+    """Turn the router's top-k into what one MoE layer executes in one decode step.
+
+    With max_error, a row with a (non-NaN) bound asks for the smallest budget whose predicted relative
+    error stays within it, capped by its integer budget (base_plus, base and oracle only).
+    """
     T, E = router_logits.shape
     K = topk_ids.shape[1]
     dev = router_logits.device
@@ -73,17 +79,23 @@ def select_experts(
     in_union = count > 0  # [E]
     num_union = in_union.sum()  # []
 
-    any_dense = (real & (budget >= E)).any()  # []
-    batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
-    m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
-
     pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
+    pred_c = None  # [T, K] predicted removal cost w^2 exp(2 yhat)
     if config.policy in ("base", "base_plus") and predictor is not None and \
             layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
-        pred_d = _batch_score(ids, w.square() * torch.exp(2.0 * yhat), valid, E)  # [E]
+        pred_c = w.square() * torch.exp(2.0 * yhat)  # [T, K]
+        pred_d = _batch_score(ids, pred_c, valid, E)  # [E]
+
+    if max_error is not None and layer_id not in config.skip_layers and config.policy != "dense":
+        cost, score = _error_cost(config.policy, pred_c, pred_d, w, ids, valid, E, routed_norms)
+        budget = error_budgets(cost, ids, valid, score_rank(score, in_union), max_error.to(dev),
+                               budget)  # [T] bounded rows ask for the M that meets their bound
+    any_dense = (real & (budget >= E)).any()  # []
+    batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
+    m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
 
     policy = config.policy
     if policy == "dense" or layer_id in config.skip_layers:
@@ -148,6 +160,22 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
         score = _batch_score(ids, torch.pow(b, bins), valid, E)  # [E] sum_t B^bin
         return cost, (score >= config.lynx_tau) & in_union
     raise ValueError(f"policy: {policy!r} has no kept-set rule")
+
+
+def _error_cost(policy, pred_c, pred_d, w, ids, valid, E, routed_norms):
+    """(removal cost [T, K], batch score [E]) that an error bound is measured in, per policy."""
+    if policy == "oracle":
+        if routed_norms is None:
+            raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
+        cost = w.square() * routed_norms.float().square()  # [T, K]
+        return cost, _batch_score(ids, cost, valid, E)
+    if policy not in ("base", "base_plus"):
+        raise ValueError(f"max_error: error-targeted budgets need a removal-cost policy (base_plus, "
+                         f"base, oracle), not {policy!r}")
+    if pred_c is None:
+        raise ValueError(f"max_error: policy {policy!r} needs a predictor and hidden_states to "
+                         f"predict the error")
+    return pred_c, pred_d
 
 
 def _top_m(score: torch.Tensor, m: torch.Tensor, in_union: torch.Tensor) -> torch.Tensor:
