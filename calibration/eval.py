@@ -48,8 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
-    p.add_argument("--renorm", default="native", choices=("native", "always", "never"),
-                   help="combine weights after selection for the backfill policies (ablation)")
+    p.add_argument("--renorm", default="native", choices=("native", "always", "never", "partial"),
+                   help="combine weights after selection for the backfill policies (ablation; native = "
+                        "each policy's own rule: partial for base_plus/oracle_plus)")
+    p.add_argument("--renorm-alpha", type=float, default=0.5,
+                   help="exponent of partial renormalisation (base_plus, oracle_plus, --renorm partial)")
     p.add_argument("--no-backfill", action="store_true",
                    help="drop removed slots instead of backfilling them (ablation)")
     p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
@@ -142,7 +145,7 @@ def run(args) -> int:
         raise ValueError(f"budgets: must be >= 1, got {budgets}")
     half_m = max(1, round(union / 2))
     taus = args.lynx_tau or [1.0, 0.25, 1 / args.batch_size, 1 / args.batch_size ** 2]
-    settings = build_settings(policies, E, K, budgets, renorm=args.renorm,
+    settings = build_settings(policies, E, K, budgets, renorm=args.renorm, renorm_alpha=args.renorm_alpha,
                               backfill=not args.no_backfill, lynx_taus=taus,
                               max_errors=tuple(args.max_errors or ()))[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
@@ -162,6 +165,7 @@ def run(args) -> int:
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
                      "tune_percent": args.tune_percent,
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
+                     "renorm_alpha": args.renorm_alpha,
                      "backfill": not args.no_backfill, "lynx_taus": taus,
                      "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

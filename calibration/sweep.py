@@ -33,14 +33,15 @@ def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
 def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: list[int],
                    renorm: str = "native", backfill: bool = True,
                    lynx_taus: tuple[float, ...] = (1.0,),
-                   max_errors: tuple[float, ...] = ()) -> list[Setting]:
+                   max_errors: tuple[float, ...] = (), renorm_alpha: float = 0.5) -> list[Setting]:
     """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
     pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx). max_errors adds
     base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap)."""
     out = [Setting("dense", "dense", "-", "-", SelectionConfig(policy="dense"), num_experts)]
-    kw = dict(renorm=renorm, backfill=backfill)
+    kw = dict(renorm=renorm, backfill=backfill, renorm_alpha=renorm_alpha)
     # oracle_plus runs the core's oracle (true norms) under base_plus's combine rule
-    plus_kw = dict(renorm="partial" if renorm == "native" else renorm, backfill=backfill)
+    plus_kw = dict(renorm="partial" if renorm == "native" else renorm, backfill=backfill,
+                   renorm_alpha=renorm_alpha)
     for p in policies:
         if p == "oracle_plus":
             out += [Setting(f"{p} M={m}", p, "M", m, SelectionConfig(policy="oracle", **plus_kw), m)

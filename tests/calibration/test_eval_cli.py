@@ -80,6 +80,8 @@ def test_eval_errors_name_the_field(tiny_ckpt, tiny_data, tiny_pred, tmp_path, c
         (["--policies", "oea", "--max-errors", "0.1", *SMALL], "predictor"),
         (["--predictor", str(tiny_pred), "--policies", "oea", "--max-errors", "2", *SMALL],
          "max_errors"),
+        (["--predictor", str(tiny_pred), "--policies", "base_plus", "--renorm-alpha", "2", *SMALL],
+         "renorm_alpha"),
         (["--predictor", str(tiny_pred), "--policies", "oea", "--batch-size", "0"], "batch-size"),
         (["--predictor", str(tiny_pred), "--policies", "oea", "--batch-size", "500"], "data"),
         (["--predictor", str(tiny_ckpt("qwen3_moe")) + "/nope.safetensors", "--policies", "base"],
