@@ -17,8 +17,14 @@ are in S and is backfilled from its own preference order inside S. Loaded expert
 traffic, so a small-budget request batched with a larger one gets the better quality for free, and the
 number of distinct experts executed never exceeds M.
 
-Everything is fixed-shape and free of host synchronisation for dense/base/oracle/oea/gate_sum/frequency/
-lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
+Policies base and base_plus choose the same kept set (top-M of D_u = sum_t w^2 exp(2 yhat)) and the same
+backfilled ids; they differ in the combine weights of changed tokens: base follows the model (renormalise
+iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w_never) ** alpha
+(alpha = 0.5, W = the token's routed weight; see _combine_weights). With max_error, rows carrying a
+bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
+
+Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
+frequency/lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
 reduced with a one-hot sum (no float atomics), so repeated calls and every tensor-parallel rank agree.
 """
 
