@@ -16,6 +16,7 @@ ALL_POLICIES = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "frequ
 NEEDS_PREDICTOR = ("base_plus", "base", "sere", "exfold", "frequency")
 KNOB = {p: "M" for p in BUDGETED} | {"exfold": "D"}
 DEFAULT = "base_plus"  # the policy the targets are about (core.config.DEFAULT_POLICY)
+COST_TOL = 0.5  # experts: costs this close count as equal
 ORACLES = ("oracle", "oracle_plus")  # oracle = true norms in BASE's score (the paper's ablation);
 # oracle_plus = true norms with base_plus's combine rule (the oracle of the default's own objective)
 SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.3)]
@@ -100,14 +101,24 @@ def _mean(v: list[float]) -> float:
     return float(sum(v) / len(v)) if v else float("nan")
 
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float | None:
+def _interp(xs: list[float], ys: list[float], x: float, tol: float = COST_TOL) -> float | None:
+    """y at cost x on the piecewise-linear curve (xs, ys); a cost within tol of an end of the measured
+    range takes that end's value (budgets above the union execute slightly fewer experts than M)."""
     pts = sorted(zip(xs, ys))
-    if not pts or x < pts[0][0] or x > pts[-1][0]:
+    if not pts or x < pts[0][0] - tol or x > pts[-1][0] + tol:
         return None
+    if x <= pts[0][0]:
+        return pts[0][1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return pts[-1][1]
+
+
+def _significant(diff: float | None, se_a: float | None, se_b: float | None) -> bool | None:
+    if diff is None or se_a is None or se_b is None or math.isnan(diff):
+        return None
+    return abs(diff) > 2 * math.sqrt(se_a ** 2 + se_b ** 2)
 
 
 def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
@@ -119,12 +130,15 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
     the oracle's, checked at every M >= top_k. Every other policy's row is compared with ref's curve
     linearly interpolated at that row's cost (experts executed): it beats ref when its increase is
     lower there (rows outside ref's measured cost range cannot be compared and are listed as None).
+    "significant" marks a difference of more than two standard errors of the two mean NLL increases
+    (sqrt(se_a^2 + se_b^2), unpaired, so conservative).
     """
     ref = default if any(r["policy"] == default for r in rows) else "base"
     by = {(r["policy"], r["value"]): r for r in rows}
     curve = sorted((r for r in rows if r["policy"] == ref), key=lambda r: r["experts"])
     xs, ys = [r["experts"] for r in curve], [r["dppl_pct"] for r in curve]
     ys_nll = [r.get("dnll", float("nan")) for r in curve]
+    ys_se = [r.get("dnll_se", float("nan")) for r in curve]
     out: dict = {"policy": ref, "matched_budget": [], "matched_interp": []}
     for b in curve:
         m = b["value"]
@@ -137,6 +151,8 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             if o is None:
                 continue
             entry[f"{orc}_dppl_pct"] = o["dppl_pct"]
+            entry[f"{orc}_gap_significant"] = _significant(b.get("dnll", 0) - o.get("dnll", 0),
+                                                           b.get("dnll_se"), o.get("dnll_se"))
             entry[f"within_10pct_of_{orc}"] = b["dppl_pct"] <= 1.1 * o["dppl_pct"] + 1e-9
             entry[f"over_{orc}"] = b["dppl_pct"] / o["dppl_pct"] if o["dppl_pct"] > 0 else float("nan")
         out["matched_budget"].append(entry)
@@ -145,11 +161,14 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             continue
         y = _interp(xs, ys, r["experts"])
         y_nll = _interp(xs, ys_nll, r["experts"])
+        y_se = _interp(xs, ys_se, r["experts"])
+        margin = None if y_nll is None else y_nll - r.get("dnll", float("nan"))
+        beats = None if y is None else bool(r["dppl_pct"] < y)
         out["matched_interp"].append({
             "setting": r["setting"], "policy": r["policy"], "experts": r["experts"],
-            "dppl_pct": r["dppl_pct"], "ref_interp_dppl_pct": y,
-            "dnll_margin": None if y_nll is None else y_nll - r.get("dnll", float("nan")),
-            "beats_ref": None if y is None else bool(r["dppl_pct"] < y)})
+            "dppl_pct": r["dppl_pct"], "ref_interp_dppl_pct": y, "dnll_margin": margin,
+            "beats_ref": beats,
+            "significant": None if y is None else _significant(margin, y_se, r.get("dnll_se"))})
     checked = [e for e in out["matched_budget"] if top_k is None or e["M"] >= top_k]
     for orc in ORACLES:
         flags = [e[f"within_10pct_of_{orc}"] for e in checked if f"within_10pct_of_{orc}" in e]
@@ -157,6 +176,8 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
     beats = [e["beats_ref"] for e in out["matched_interp"] if e["beats_ref"] is not None]
     out["unbeaten"] = bool(curve) and not any(beats)
     out["beaten_by"] = [e["setting"] for e in out["matched_interp"] if e["beats_ref"]]
+    out["beaten_significantly_by"] = [e["setting"] for e in out["matched_interp"]
+                                      if e["beats_ref"] and e["significant"]]
     if half_m is not None and (ref, half_m) in by:
         out["half_union_M"] = half_m
         out["half_union_dppl_pct"] = by[(ref, half_m)]["dppl_pct"]
@@ -167,3 +188,27 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             out["predictor_spearman_min"] = min(rho)
             out["predictor_spearman_ok"] = min(rho) >= 0.9
     return out
+
+
+def recheck(paths: list[str]) -> None:
+    """Recompute the target checks of base-eval JSON files from their rows (in place)."""
+    import json
+
+    for path in paths:
+        res = json.loads(open(path).read())
+        old = res.get("checks", {})
+        res["checks"] = check_targets(res["rows"], old.get("half_union_M"), None,
+                                      top_k=res["meta"].get("top_k"))
+        for key in ("predictor_spearman_min", "predictor_spearman_ok"):
+            if key in old:
+                res["checks"][key] = old[key]
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"{path}: unbeaten {res['checks']['unbeaten']}, within 10% of the oracle "
+              f"{res['checks']['all_within_10pct_of_oracle']}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    recheck(sys.argv[1:])

@@ -23,9 +23,9 @@ def test_default_budgets_and_grid():
     assert [x.config.oea_k0 for x in s if x.policy == "oea"] == list(range(1, 8))
 
 
-def _row(policy, value, experts, dppl):
+def _row(policy, value, experts, dppl, se=0.001):
     return {"policy": policy, "value": value, "experts": experts, "dppl_pct": dppl,
-            "dnll": dppl / 100, "setting": f"{policy} {value}"}
+            "dnll": dppl / 100, "dnll_se": se, "setting": f"{policy} {value}"}
 
 
 def test_check_targets():
@@ -37,7 +37,8 @@ def test_check_targets():
             _row("oracle", 8, 8, 40.0), _row("oracle", 16, 16, 19.0), _row("oracle", 24, 24, 3.0),
             _row("oracle", 25, 25, 1.4), _row("oracle_plus", 16, 16, 18.5),
             _row("gate_sum", 16, 16, 30.0), _row("gate_sum", 24, 24, 3.5),
-            _row("oea", 2, 20, 10.0), _row("sere", "1/0.0", 30, 50.0)]
+            _row("oea", 2, 20, 10.0), _row("sere", "1/0.0", 30, 50.0),
+            _row("exfold", 25, 25.3, 1.45, se=0.01)]
     c = check_targets(rows, half_m=25, fit_stats={"0": {"spearman_cost": 0.95},
                                                   "1": {"spearman_cost": 0.88}}, top_k=16)
     assert c["policy"] == "base_plus"
@@ -52,9 +53,27 @@ def test_check_targets():
     assert interp["gate_sum 24"]["beats_ref"] is True and interp["gate_sum 16"]["beats_ref"] is False
     assert interp["base 16"]["beats_ref"] is False  # the paper's BASE is one of the others
     assert interp["sere 1/0.0"]["beats_ref"] is None  # cost 30 is outside the measured range
-    assert c["unbeaten"] is False and set(c["beaten_by"]) == {"oea 2", "gate_sum 24"}
+    # a cost just above the measured range (budget >= union) compares with its end: beaten, in noise
+    assert interp["exfold 25"]["beats_ref"] is True and interp["exfold 25"]["significant"] is False
+    assert interp["oea 2"]["significant"] is True  # 0.02 nats apart, SEs 0.001
+    assert c["unbeaten"] is False and set(c["beaten_by"]) == {"oea 2", "gate_sum 24", "exfold 25"}
+    assert set(c["beaten_significantly_by"]) == {"oea 2", "gate_sum 24"}
+    assert by_m[24]["oracle_gap_significant"] is True
     assert c["all_within_10pct_of_oracle"] is False and c["all_within_10pct_of_oracle_plus"] is True
     assert c["half_union_within_2pct"] is True and c["half_union_dppl_pct"] == 1.5
     assert c["predictor_spearman_min"] == 0.88 and c["predictor_spearman_ok"] is False
     # without base_plus rows the checks are about the paper's BASE
     assert check_targets([r for r in rows if r["policy"] != "base_plus"], None, None)["policy"] == "base"
+
+
+def test_recheck_rewrites_the_checks_from_the_rows(tmp_path):
+    import json
+
+    from base_sglang.calibration.sweep import recheck
+
+    rows = [_row("dense", "-", 50, 0.0), _row("base_plus", 16, 16, 20.0), _row("oracle", 16, 16, 19.0)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"meta": {"top_k": 8}, "rows": rows, "checks": {"stale": 1}}))
+    recheck([str(path)])
+    c = json.loads(path.read_text())["checks"]
+    assert "stale" not in c and c["all_within_10pct_of_oracle"] is True and c["unbeaten"] is True
