@@ -110,9 +110,13 @@ def targets(results: list[dict]) -> str:
             if worst is None:
                 cells.append("-")
                 continue
+            sig = [e["M"] for e in es if not e[f"within_10pct_of_{orc}"] and e.get(f"{orc}_gap_significant")]
             cells.append(("met" if c[f"all_within_10pct_of_{orc}"] else "**missed**") +
-                         f": worst {worst[f'over_{orc}']:.2f}x at M={worst['M']}" +
-                         (f"; over 1.1x at M = {', '.join(map(str, misses))}" if misses else ""))
+                         f": worst {worst[f'over_{orc}']:.2f}x at M={worst['M']} "
+                         f"({_pct(worst['dppl_pct'])} vs {_pct(worst[f'{orc}_dppl_pct'])} %)" +
+                         (f"; over 1.1x at M = {', '.join(map(str, misses))}" if misses else "") +
+                         (f" (gap > 2 SE at M = {', '.join(map(str, sig))})" if misses and sig else
+                          " (every gap within 2 SE)" if misses else ""))
         beaten = c.get("beaten_by", [])
         sig = c.get("beaten_significantly_by", [])
         interp = {e["setting"]: e for e in c["matched_interp"]}

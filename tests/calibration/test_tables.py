@@ -44,8 +44,8 @@ def test_quality_table_marks_ratios_and_beaters():
 def test_targets_table_states_met_or_missed_with_numbers():
     text = targets([_result()])
     row = text.splitlines()[2]
-    assert "**missed**: worst 1.25x at M=16; over 1.1x at M = 16" in row
-    assert "met: worst 1.08x at M=8" in row
+    assert "**missed**: worst 1.25x at M=16 (5.00 vs 4.00 %); over 1.1x at M = 16 (gap > 2 SE at M = 16)" in row
+    assert "met: worst 1.08x at M=8 (20.0 vs 18.5 %)" in row
     assert "oea x=2 (12.0 exp.: 10.0 vs 12.5 %)" in row
 
 
