@@ -2,6 +2,7 @@
 
     python -m base_sglang.calibration.tables quality FILE.json...   # quality vs budget, per file
     python -m base_sglang.calibration.tables targets FILE.json...   # the issue-13 targets, one row per file
+    python -m base_sglang.calibration.tables errors FILE.json...    # error bound vs measured, all files
     python -m base_sglang.calibration.tables study FILE.json...     # predictor options per layer
 
 Every number is read from the files' rows and checks (calibration/sweep.py check_targets); nothing is
@@ -132,6 +133,21 @@ def targets(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+def errors(results: list[dict]) -> str:
+    """Error-targeted budgets across files: per bound, experts executed and measured ppl increase."""
+    eps = sorted({r["value"] for res in results for r in res["rows"] if r["policy"] == "base_plus_err"})
+    cols = [f"{res['meta']['model']} B={res['meta']['settings']['batch_size']}" for res in results]
+    out = ["| max_error | " + " | ".join(cols) + " |", "|---:|" + "---|" * len(cols),
+           ]
+    for e in eps:
+        cells = []
+        for res in results:
+            r = next((r for r in res["rows"] if r["policy"] == "base_plus_err" and r["value"] == e), None)
+            cells.append("-" if r is None else f"{_pct(r['dppl_pct'])} % @ {r['experts']:.1f}")
+        out.append(f"| {e:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def study(res: dict) -> str:
     """Held-out R^2 / Spearman / retained energy per layer and option, and each option's cost."""
     layers = res["layers"]
@@ -160,11 +176,12 @@ def study(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("quality", "targets", "study"):
-        raise SystemExit("usage: python -m base_sglang.calibration.tables quality|targets|study FILE.json...")
+    if len(argv) < 2 or argv[0] not in ("quality", "targets", "errors", "study"):
+        raise SystemExit("usage: python -m base_sglang.calibration.tables quality|targets|errors|study "
+                         "FILE.json...")
     results = [_load(p) for p in argv[1:]]
-    if argv[0] == "targets":
-        print(targets(results))
+    if argv[0] in ("targets", "errors"):
+        print((targets if argv[0] == "targets" else errors)(results))
         return
     for res in results:
         print((quality if argv[0] == "quality" else study)(res))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from base_sglang.calibration.sweep import check_targets
-from base_sglang.calibration.tables import main, quality, study, targets
+from base_sglang.calibration.tables import errors, main, quality, study, targets
 
 
 def _row(policy, value, experts, dppl, se=0.001):
@@ -65,3 +65,9 @@ def test_study_table_and_cli(tmp_path, capsys):
     assert "| m | 8 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["nope", str(path)])
+
+
+def test_errors_table_lists_each_bound_per_file():
+    text = errors([_result(), _result()])
+    assert text.splitlines()[0] == "| max_error | m B=8 | m B=8 |"
+    assert "| 0.1 | 11.0 % @ 12.0 | 11.0 % @ 12.0 |" in text
