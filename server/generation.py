@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -96,7 +97,9 @@ async def collect(request: Request, streams) -> list[Result]:
                 raise_if_failed(res.last)
             return results
         if await request.is_disconnected():
-            task.cancel()
+            task.cancel()  # cancels every drain: their streams abort their requests
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
             raise APIError(499, "client closed the request", code="client_disconnected")
 
 

@@ -152,3 +152,107 @@ def check_served(served: dict[int, Served]) -> list[str]:
             bad.append(f"request {req.index}: {len(s.logprobs)} logprobs for "
                        f"{len(s.token_ids)} tokens")
     return bad
+
+
+# ---- over HTTP, with the official openai client -------------------------------------------------
+@dataclass
+class HttpServed:
+    request: ScheduledRequest
+    route: str  # "completions" | "chat"
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    status: int | None = None  # HTTP status of an error response (None: 200)
+    error: str | None = None
+    aborted: bool = False
+
+
+async def serve_over_http(base_url: str, model: str, tokenizer, schedule: list[ScheduledRequest],
+                          tick_s: float = 0.02, api_key: str = "unused") -> dict[int, HttpServed]:
+    """Send every request at arrival * tick_s seconds through openai.AsyncOpenAI; the leavers
+    close their stream after abort_after chunks (or time out, non-streaming). Never retries."""
+    import asyncio
+
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0,
+                                timeout=120)
+
+    async def one(req: ScheduledRequest) -> HttpServed:
+        rng = random.Random(req.index)
+        route = "chat" if rng.random() < 0.3 else "completions"
+        res = HttpServed(req, route)
+        budget = {"expert_budget": req.budget}
+        extra_headers, extra_body = ({"X-Expert-Budget": str(req.budget)}, {}) \
+            if rng.random() < 0.5 else ({}, budget)
+        extra_body |= {"top_k": req.top_k}
+        kw = dict(model=model, max_tokens=req.max_tokens, temperature=req.temperature,
+                  top_p=req.top_p, stop=list(req.stop) or None, seed=req.seed,
+                  stream=req.stream, extra_headers=extra_headers, extra_body=extra_body)
+        if route == "chat":
+            kw["messages"] = [{"role": "user", "content": tokenizer.decode(req.prompt_ids)}]
+            if req.logprobs is not None:
+                kw |= {"logprobs": True, "top_logprobs": req.logprobs}
+            call = client.chat.completions.create
+        else:
+            kw["prompt"] = req.prompt_ids
+            kw["logprobs"] = req.logprobs
+            call = client.completions.create
+        if not req.stream and req.abort_after is not None:
+            kw["timeout"] = 0.05 * req.abort_after  # the client gives up: a disconnect
+        await asyncio.sleep(req.arrival * tick_s)
+        try:
+            out = await call(**kw)
+            if req.stream:
+                n = 0
+                async for chunk in out:
+                    n += 1
+                    for choice in chunk.choices:
+                        _take(res, route, choice, stream=True)
+                    if req.abort_after is not None and n >= req.abort_after:
+                        res.aborted = True
+                        await out.close()
+                        break
+            else:
+                _take(res, route, out.choices[0], stream=False)
+        except openai.APIStatusError as exc:
+            res.status, res.error = exc.status_code, str(exc)
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            res.aborted = req.abort_after is not None
+            res.error = None if res.aborted else f"{type(exc).__name__}: {exc}"
+        return res
+
+    try:
+        results = await asyncio.gather(*(one(r) for r in schedule))
+    finally:
+        await client.close()
+    return {r.request.index: r for r in results}
+
+
+def _take(res: HttpServed, route: str, choice, stream: bool) -> None:
+    if route == "chat":
+        res.text += (choice.delta.content if stream else choice.message.content) or ""
+        if choice.logprobs is not None and choice.logprobs.content:
+            res.logprobs += [t.logprob for t in choice.logprobs.content]
+    else:
+        res.text += choice.text or ""
+        if choice.logprobs is not None and choice.logprobs.token_logprobs:
+            res.logprobs += [x for x in choice.logprobs.token_logprobs if x is not None]
+    if choice.finish_reason is not None:
+        res.finish_reason = choice.finish_reason
+
+
+def check_http(served: dict[int, HttpServed]) -> list[str]:
+    """No 5xx anywhere; every request that stayed ends with stop/length and finite logprobs."""
+    bad = []
+    for s in served.values():
+        if s.status is not None and s.status >= 500:
+            bad.append(f"request {s.request.index} ({s.route}): HTTP {s.status}: {s.error}")
+        elif s.aborted:
+            continue
+        elif s.error is not None or s.finish_reason not in ("stop", "length"):
+            bad.append(f"request {s.request.index} ({s.route}): finish {s.finish_reason!r}, "
+                       f"status {s.status}, error {s.error!r}")
+        if not all(math.isfinite(x) for x in s.logprobs):
+            bad.append(f"request {s.request.index}: non-finite logprob")
+    return bad

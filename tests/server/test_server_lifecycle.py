@@ -41,7 +41,7 @@ def test_stream_disconnect_aborts_and_frees_the_slot(server):
 def test_non_stream_disconnect_aborts_too(server):
     wait_idle(server)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(f"{server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=0.1))
     wait_idle(server)
 
 
