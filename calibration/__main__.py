@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sere-metric", default=d["sere_metric"])
     p.add_argument("--max-stats-gib", type=float, default=d["max_stats_gib"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default)")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: fastest for the many small per-expert matmuls on "
                         "a busy machine; 0 = torch default)")
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    from base_sglang.calibration.artifact import load_model
     from base_sglang.calibration.pipeline import calibrate, summarize
+    from base_sglang.hf import load_model
 
     if not args.out.endswith(".safetensors"):
         raise ValueError(f"out: {args.out!r} must end in .safetensors")
@@ -73,7 +73,7 @@ def run(args) -> int:
     docs = split_documents(read_documents(args.data), args.split, args.eval_percent)
     if not docs:
         raise ValueError(f"data: the {args.split!r} split of {args.data} is empty")
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype or "auto")
     doc_ids = tokenize_documents(tokenizer, docs)
     desc = {"data": Path(args.data).name, "split": args.split, "eval_percent": args.eval_percent,
             "documents": len(docs)}

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from base_sglang.calibration.collect import LOG_EPS, LayerStats, routed_outputs
+from base_sglang.calibration.collect import LOG_EPS, LayerStats
+from base_sglang.hf.blocks import routed_outputs
 
 NEVER = 1e30  # ExFold: loss of never-observed pairs and of the diagonal
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from base_sglang.engine import QueueFull, RequestOutput, SamplingParams
+from base_sglang.protocol import QueueFull, RequestOutput, SamplingParams
 from base_sglang.server.deps import budget_label
 from base_sglang.server.errors import APIError
 

@@ -1,7 +1,7 @@
 """BASE selection core: pure torch, imports nothing beyond torch (and safetensors lazily)."""
 
 from .config import POLICIES, SelectionConfig
-from .moe_ref import expert_output_norms, moe_forward_ref
+from .moe_ref import expert_output_norms, expert_outputs, moe_forward_ref, routed_outputs
 from .predictor import Predictor, PredictorMeta, PredictorMismatch, describe_model_config
 from .selection import Selection, SelectionStats, select_experts
 
@@ -15,6 +15,8 @@ __all__ = [
     "SelectionStats",
     "describe_model_config",
     "expert_output_norms",
+    "expert_outputs",
     "moe_forward_ref",
+    "routed_outputs",
     "select_experts",
 ]

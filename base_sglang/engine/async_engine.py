@@ -17,9 +17,8 @@ import threading
 import traceback
 from collections.abc import AsyncIterator
 
+from ..protocol import QueueFull, RequestOutput
 from .llm_engine import LLMEngine
-from .scheduler import QueueFull
-from .sequence import RequestOutput
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,14 @@ import traceback
 import torch
 
 from ..core.budget import BUDGET_FIELD, resolve_budget
+from ..hf import eos_token_ids
+from ..protocol import RequestOutput
 from .config import EngineConfig
 from .detokenizer import Detokenizer
-from .loader import eos_token_ids
 from .model_runner import ModelRunner
 from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence
+from .sequence import Sequence
 from .stats import EngineStats, StepStats
 
 log = logging.getLogger(__name__)

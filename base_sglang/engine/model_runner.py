@@ -8,10 +8,9 @@ import torch
 from transformers import DynamicCache
 
 from ..core import Predictor, SelectionConfig
+from ..hf import MoEPatch, decode_step, load_model, resolve_device, resolve_dtype
 from .config import EngineConfig
 from .kv_cache import BatchKVCache
-from .loader import load_model, resolve_device, resolve_dtype
-from .moe_hook import MoEPatch, decode_step
 from .sampler import token_logprobs
 from .sequence import Sequence
 from .stats import StepStats

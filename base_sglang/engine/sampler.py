@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .sequence import Sequence, TokenLogprob
+from ..protocol import TokenLogprob
+from .sequence import Sequence
 
 LOGPROB_FLOOR = -9999.0  # log-probabilities of impossible tokens (-inf) are reported as this
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..protocol import QueueFull
 from .sequence import Sequence, SequenceStatus
-
-
-class QueueFull(RuntimeError):
-    """The waiting queue is at max_waiting_requests."""
 
 
 class Scheduler:

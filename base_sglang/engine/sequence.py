@@ -8,40 +8,14 @@ from enum import Enum, auto
 
 import torch
 
+from ..protocol import SamplingParams, TokenLogprob
 from .detokenizer import Detokenizer
-from .sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
     FINISHED = auto()
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: dict[int, float]  # alternative token id -> logprob (includes the top ones, best first)
-
-
-@dataclass
-class RequestOutput:
-    """What one engine step produced for one request (deltas since the previous output)."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprob] | None
-    prompt_logprobs: list[TokenLogprob | None] | None  # once, with the first output; [0] is None
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
-    num_prompt_tokens: int
-    num_output_tokens: int
-    budget: int
-    experts_per_layer: float | None  # mean distinct experts executed per MoE layer, decode steps
-    experts_per_layer_routed: float | None  # the same without selection (the dense union)
-    error: str | None = None
 
 
 @dataclass

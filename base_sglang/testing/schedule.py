@@ -93,7 +93,7 @@ class Served:
 
 
 def sampling_params(req: ScheduledRequest):
-    from base_sglang.engine import SamplingParams
+    from base_sglang.protocol import SamplingParams
 
     return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                           max_tokens=req.max_tokens, stop=req.stop, seed=req.seed,

@@ -18,10 +18,9 @@ import os
 from pathlib import Path
 
 from base_sglang.core import Predictor
-from base_sglang.engine import RequestOutput
-from base_sglang.engine.sequence import TokenLogprob
 from base_sglang.plugin.budget import BUDGET_KEY, parse_budget
 from base_sglang.plugin.checks import check_server_args
+from base_sglang.protocol import RequestOutput, TokenLogprob
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # SGLang's finish types; others -> "abort"
 

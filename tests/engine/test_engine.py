@@ -5,7 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from base_sglang.engine import EngineConfig, LLMEngine, QueueFull, SamplingParams
-from base_sglang.engine.tiny import ARCHS, create_tiny_moe
+from base_sglang.hf import FAMILIES
+from base_sglang.testing.models import create_tiny_moe
 
 PROMPTS = ["Hello, world!", "The quick brown fox jumps", "def add(a, b):\n    return",
            "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12"]
@@ -34,7 +35,7 @@ def test_dense_greedy_equals_transformers_generate(engine, tiny_model_dir):
         assert last.experts_per_layer == pytest.approx(last.experts_per_layer_routed)
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "qwen3_moe"])
+@pytest.mark.parametrize("arch", [a for a in FAMILIES if a != "qwen3_moe"])
 def test_other_architectures_dense_match(arch, tmp_path):
     path = create_tiny_moe(tmp_path / arch, arch=arch, num_layers=1)
     eng = LLMEngine(EngineConfig(model=str(path), policy="base"))

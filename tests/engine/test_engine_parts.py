@@ -74,7 +74,7 @@ def test_skip_selection_fast_path_equals_the_selection(tiny_model_dir, rows, bud
     from transformers import AutoModelForCausalLM
 
     from base_sglang.core import Predictor, SelectionConfig
-    from base_sglang.engine.moe_hook import MoEPatch, decode_step
+    from base_sglang.hf import MoEPatch, decode_step
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     MoEPatch(model, SelectionConfig(policy="base"),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from base_sglang.core import SelectionConfig
-from base_sglang.engine.moe_hook import MoEPatch, decode_step
+from base_sglang.hf import MoEPatch, decode_step
 
 
 def _model_and_predictor():

@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, moe_forward_ref
-from base_sglang.engine.moe_hook import MoEPatch, decode_step, find_moe_blocks
+from base_sglang.hf import MoEPatch, decode_step, find_moe_blocks
 
 E, K, H, LAYERS = 16, 4, 32, 3
 

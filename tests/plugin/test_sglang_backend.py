@@ -27,7 +27,7 @@ ENV_KEYS = ("BASE_PREDICTOR", "BASE_POLICY", "BASE_DEFAULT_BUDGET", "SGLANG_PLUG
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from base_sglang.engine.tiny import create_tiny_moe
+    from base_sglang.testing.models import create_tiny_moe
 
     return create_tiny_moe(tmp_path_factory.mktemp("tiny-sglang"), num_experts=E)
 
@@ -83,7 +83,7 @@ def test_preflight_errors_name_the_option(tiny_model, tmp_path):
 
 
 def test_dense_policy_needs_no_predictor(tmp_path):
-    from base_sglang.engine.tiny import create_tiny_moe
+    from base_sglang.testing.models import create_tiny_moe
 
     model = create_tiny_moe(tmp_path / "m", num_experts=E, with_predictor=False)
     assert backend.preflight(_settings(model, policy="dense")) == (None, E)

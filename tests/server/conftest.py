@@ -11,10 +11,10 @@ import pytest
 import torch
 import uvicorn
 
-from base_sglang.engine.tiny import create_tiny_moe
 from base_sglang.server.app import create_app
 from base_sglang.server.backends import create_backend
 from base_sglang.server.settings import Settings
+from base_sglang.testing.models import create_tiny_moe
 
 MODEL = "tiny"
 

@@ -1,4 +1,4 @@
-"""Plug the selection core into transformers MoE blocks (native engine, evaluation, tests).
+"""MoEPatch: the selection core inside a transformers model's MoE blocks (engine, evaluation, tests).
 
 Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral and DeepSeek-V2 blocks in transformers 5 all run
     _, weights, ids = block.gate(x);  y = block.experts(x, ids, weights)  (+ shared experts)
@@ -38,6 +38,7 @@ from ..core import (
     select_experts,
 )
 from ..core.predictor import describe_model_config
+from .blocks import check_experts, find_moe_blocks, norm_topk_prob
 
 
 @dataclass
@@ -70,25 +71,6 @@ def reset_step() -> None:
     _current = None
 
 
-def find_moe_blocks(model: nn.Module) -> dict[int, nn.Module]:
-    """Model layer id -> MoE block (a module with `.gate` and `.experts` holding gate_up_proj)."""
-    layers = model.model.layers if hasattr(model, "model") else model.layers
-    blocks = {}
-    for i, layer in enumerate(layers):
-        mlp = getattr(layer, "mlp", None)
-        experts = getattr(mlp, "experts", None)
-        if mlp is not None and hasattr(mlp, "gate") and hasattr(experts, "gate_up_proj"):
-            blocks[i] = mlp
-    return blocks
-
-
-def norm_topk_prob(config) -> bool:
-    """Whether the model renormalises its top-k weights (Mixtral always does)."""
-    if getattr(config, "model_type", "") == "mixtral":
-        return True
-    return bool(getattr(config, "norm_topk_prob", False))
-
-
 class MoEPatch:
     """Wraps every MoE block's router and experts of a transformers model; `remove()` restores them."""
 
@@ -97,9 +79,7 @@ class MoEPatch:
         self.model = model
         self.config = config
         self.predictor = predictor
-        self.blocks = find_moe_blocks(model)
-        if not self.blocks:
-            raise ValueError(f"model: no MoE blocks found in {type(model).__name__}")
+        self.blocks = find_moe_blocks(model, require=True)
         if predictor is not None:
             predictor.validate(model.config)
         described = describe_model_config(model.config)
@@ -186,45 +166,6 @@ def _run_experts_fused(experts: nn.Module, hidden: torch.Tensor, ids: torch.Tens
     from ..kernels import fused_moe
 
     return fused_moe(hidden, ids, weights, experts.gate_up_proj, experts.down_proj)
-
-
-def check_experts(experts: nn.Module, top_k: int) -> None:
-    """Refuse a model whose experts module computes something else than core.moe_ref assumes.
-
-    moe_ref reads gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I] and act_fn, with
-    no biases. The flags transformers' experts decorator sets are checked, then the module's own
-    forward is compared with moe_ref on a few tokens routed to real experts (no dropped slots).
-    """
-    name = type(experts).__name__
-    for flag, want in (("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
-                       ("has_gate", True)):
-        if getattr(experts, flag, want) != want:
-            raise ValueError(f"model: {name}.{flag} = {not want}: this experts layout is not "
-                             f"supported by base_sglang's expert path")
-    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
-    if gate_up is None or down is None or gate_up.dim() != 3 or down.dim() != 3:
-        raise ValueError(f"model: {name} has no 3-D gate_up_proj/down_proj expert weights")
-    E, two_i, H = gate_up.shape
-    if two_i % 2 or tuple(down.shape) != (E, H, two_i // 2):
-        raise ValueError(f"model: {name} weights gate_up_proj {tuple(gate_up.shape)} and "
-                         f"down_proj {tuple(down.shape)} are not [E, 2I, H] and [E, H, I]")
-    if gate_up.device.type == "meta":
-        return
-    g = torch.Generator(device="cpu").manual_seed(0)
-    T, K = 4, min(top_k, E)
-    x = torch.randn(T, H, generator=g).to(gate_up.device, gate_up.dtype)  # [T, H]
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(gate_up.device)
-    w = torch.rand(T, K, generator=g).to(gate_up.device, gate_up.dtype)  # [T, K]
-    with torch.no_grad():
-        theirs = experts(x, ids, w).float()  # [T, H] the library's own (dense) computation
-        ours = moe_forward_ref(x, ids, w, gate_up, down, experts.act_fn).float()
-    tol = 1e-4 if gate_up.dtype == torch.float32 else 3e-2
-    err = ((theirs - ours).norm() / theirs.norm().clamp_min(1e-12)).item()
-    if not err <= tol:  # also catches NaN
-        raise ValueError(f"model: {name} (transformers experts implementation "
-                         f"{getattr(getattr(experts, 'config', None), '_experts_implementation', '?')!r}) "
-                         f"disagrees with base_sglang's expert path (relative error {err:.2e} > "
-                         f"{tol:.0e}); refusing to patch this model")
 
 
 def _kernels_usable(model: nn.Module) -> bool:

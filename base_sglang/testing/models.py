@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..hf.families import FAMILIES
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -52,8 +54,9 @@ def create_tiny_moe(path: str | Path, arch: str = "qwen3_moe", num_experts: int 
     """Write a tiny random `arch` MoE checkpoint to path; returns path."""
     from transformers import AutoModelForCausalLM
 
-    from ..core import Predictor, PredictorMeta, describe_model_config
-    from .moe_hook import norm_topk_prob
+    from ..core import describe_model_config
+    from ..hf import norm_topk_prob
+    from .predictors import random_predictor
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -70,13 +73,10 @@ def create_tiny_moe(path: str | Path, arch: str = "qwen3_moe", num_experts: int 
     model.save_pretrained(path)
     if with_predictor:
         d = describe_model_config(config)
-        L, E, H = len(d["moe_layers"]), d["num_experts"], d["hidden_size"]
-        meta = PredictorMeta(architecture=type(model).__name__, model_id=f"tiny-{arch}",
-                             num_layers=d["num_layers"], moe_layers=d["moe_layers"], hidden_size=H,
-                             num_experts=E, top_k=d["top_k"], norm_topk_prob=norm_topk_prob(config))
-        g = torch.Generator().manual_seed(seed)
-        Predictor(meta=meta, weight=0.1 * torch.randn(L, E, H, generator=g),
-                  bias=torch.randn(L, E, generator=g)).save(path / "predictor.safetensors")
+        random_predictor(d["num_experts"], d["hidden_size"], d["top_k"], d["moe_layers"],
+                         num_layers=d["num_layers"], seed=seed, architecture=type(model).__name__,
+                         model_id=f"tiny-{arch}", norm_topk_prob=norm_topk_prob(config)
+                         ).save(path / "predictor.safetensors")
     return path
 
 
@@ -108,7 +108,4 @@ def _config(arch, vocab, E, K, layers, H):
                                 num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=0,
                                 kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
                                 qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
-    raise ValueError(f"arch: unknown {arch!r}; choose qwen3_moe, qwen2_moe, olmoe, mixtral, deepseek_v2")
-
-
-ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "deepseek_v2")
+    raise ValueError(f"arch: unknown {arch!r}; choose one of {', '.join(FAMILIES)}")
