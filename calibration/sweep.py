@@ -7,11 +7,12 @@ import math
 import torch
 
 from base_sglang.calibration.decode_eval import Setting, Trace
-from base_sglang.core import SelectionConfig
+from base_sglang.core import POLICIES, SelectionConfig
+from base_sglang.core.config import BUDGETED_POLICIES as BUDGETED  # kept-set size = budget (M, D)
+from base_sglang.core.config import STAT_POLICIES
 
-BUDGETED = ("base", "oracle", "gate_sum", "frequency", "exfold")  # kept-set size = budget (M or D)
-ALL_POLICIES = ("base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere", "lynx")
-NEEDS_PREDICTOR = ("base", "sere", "exfold", "frequency")
+ALL_POLICIES = tuple(p for p in POLICIES if p != "dense")  # the sweep runs dense as its reference
+NEEDS_PREDICTOR = tuple(STAT_POLICIES)
 KNOB = {"base": "M", "oracle": "M", "gate_sum": "M", "frequency": "M", "exfold": "D"}
 SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.3)]
 LYNX_GRID = [(a, b) for a in (1.0, 4.0) for b in (5,)]

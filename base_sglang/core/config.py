@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("dense", "base", "oracle", "sere", "oea", "lynx", "exfold", "gate_sum", "frequency")
+POLICIES = ("dense", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere", "lynx")
 RENORM_MODES = ("native", "always", "never")
 # policies whose kept-set size is the batch budget M (the others use their own knobs)
 BUDGETED_POLICIES = ("base", "oracle", "exfold", "gate_sum", "frequency")

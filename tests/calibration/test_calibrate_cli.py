@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from base_sglang.calibration.__main__ import main
+from base_sglang.calibration.calibrate import main
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
 from base_sglang.calibration.fit import NEVER

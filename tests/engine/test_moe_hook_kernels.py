@@ -5,12 +5,12 @@ import torch
 
 from base_sglang.core import SelectionConfig
 from base_sglang.hf import MoEPatch, decode_step
+from base_sglang.testing.predictors import random_predictor
 
 
 def _model_and_predictor():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from base_sglang.core import Predictor, PredictorMeta
 
     torch.manual_seed(0)
     cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
@@ -18,10 +18,7 @@ def _model_and_predictor():
                          num_key_value_heads=2, head_dim=32, num_experts=32, num_experts_per_tok=4,
                          norm_topk_prob=True)
     model = Qwen3MoeForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
-    g = torch.Generator().manual_seed(1)
-    meta = PredictorMeta("Qwen3MoeForCausalLM", "tiny", 2, [0, 1], 128, 32, 4)
-    pred = Predictor(meta, torch.randn(2, 32, 128, generator=g) * 0.05,
-                     torch.randn(2, 32, generator=g) * 0.1).to("cuda")
+    pred = random_predictor(32, 128, 4, (0, 1), seed=1, scale=0.05, bias_scale=0.1).to("cuda")
     return model, pred
 
 

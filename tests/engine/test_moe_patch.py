@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, moe_forward_ref
+from base_sglang.core import SelectionConfig, moe_forward_ref
 from base_sglang.hf import MoEPatch, decode_step, find_moe_blocks
+from base_sglang.testing.predictors import random_predictor
 
 E, K, H, LAYERS = 16, 4, 32, 3
 
@@ -26,11 +27,7 @@ def model():
 
 
 def predictor():
-    g = torch.Generator().manual_seed(1)
-    meta = PredictorMeta(architecture="qwen3_moe", model_id="t", num_layers=LAYERS,
-                         moe_layers=list(range(LAYERS)), hidden_size=H, num_experts=E, top_k=K)
-    return Predictor(meta, 0.1 * torch.randn(LAYERS, E, H, generator=g),
-                     torch.randn(LAYERS, E, generator=g))
+    return random_predictor(E, H, K, range(LAYERS), seed=1)
 
 
 def make_library_strict(model):
