@@ -10,7 +10,7 @@ pieces into train / held-out by a stable hash of their id. Writes, under --work:
 
 Only permissive / public-domain sources are listed (no GPL, GFDL or Artistic text).
 
-    python -m base_sglang.calibration.proxy.build_corpus --work .corpus
+    python -m research.proxy.build_corpus --work .corpus
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from base_sglang.calibration.proxy.assets import format_heldout
-from base_sglang.calibration.proxy.html_text import html_to_text
+from research.proxy.assets import format_heldout
+from research.proxy.html_text import html_to_text
 
 Doc = tuple[str, str]  # (doc id, text)
 

@@ -5,9 +5,9 @@ CE + per-layer Switch balance loss; `torch.compile` of forward + losses with eag
 all token ids resident on the device. At the end: held-out CE / perplexity, per-layer routing
 statistics, a bf16 `save_pretrained` checkpoint with tokenizer files, metrics.json.
 
-    python -m base_sglang.calibration.proxy.train --data .corpus --out runs/proxy \
+    python -m research.proxy.train --data .corpus --out runs/proxy \
         --budget 400 --deadline 540 --pack-to $OUT
-    python -m base_sglang.calibration.proxy.train --data DIR --out DIR --config tiny --steps 30  # CPU smoke
+    python -m research.proxy.train --data DIR --out DIR --config tiny --steps 30  # CPU smoke
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from base_sglang.calibration.proxy.routing_stats import (  # noqa: E402
+from research.proxy.routing_stats import (  # noqa: E402
     RoutingAccumulator,
     union_curve,
 )

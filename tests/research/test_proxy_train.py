@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from base_sglang.calibration.proxy import train
-from base_sglang.calibration.proxy.routing_stats import RoutingAccumulator, union_curve
+from research.proxy import train
+from research.proxy.routing_stats import RoutingAccumulator, union_curve
 
 VOCAB = 48
 
@@ -125,7 +125,7 @@ def test_routing_stats_known_values():
 
 
 def test_heldout_format_roundtrip_and_shipped_file(tmp_path):
-    from base_sglang.calibration.proxy.assets import HELDOUT_TXT, format_heldout, read_heldout
+    from research.proxy.assets import HELDOUT_TXT, format_heldout, read_heldout
 
     docs = [("pydoc", "Lists\n=====\n\nA list <<<is>>> mutable.\n"), ("gosrc", "package main\n")]
     path = tmp_path / "h.txt"
@@ -140,7 +140,7 @@ def test_heldout_format_roundtrip_and_shipped_file(tmp_path):
 
 
 def test_html_to_text_keeps_main_content_and_pre():
-    from base_sglang.calibration.proxy.html_text import html_to_text
+    from research.proxy.html_text import html_to_text
 
     page = b"""<html><head><title>t</title><script>var x=1;</script></head><body>
     <div class="sphinxsidebar">Navigation junk</div>

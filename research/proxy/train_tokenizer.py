@@ -7,8 +7,8 @@ Reads --work/clean/<key>.{train,val}.jsonl (written by build_corpus.py) and writ
     val.u16        the same for the held-out documents (uncompressed)
     index.json     per-source [start, end) offsets into both streams, vocab and special ids
 
-    python -m base_sglang.calibration.proxy.train_tokenizer --work .corpus
-    python -m base_sglang.calibration.proxy.train_tokenizer --work .corpus \
+    python -m research.proxy.train_tokenizer --work .corpus
+    python -m research.proxy.train_tokenizer --work .corpus \
         --tokenizer base_sglang/models/proxy-moe       # reuse the shipped tokenizer: same token ids
 """
 
