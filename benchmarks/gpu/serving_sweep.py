@@ -68,11 +68,59 @@ def bench_argv(args, flavor, budget, conc, dataset) -> list[str]:
     return argv
 
 
+# Modules 0.5.17's bench_serving imports at module level only for datasets this sweep never
+# loads (sglang/benchmark/datasets/mmmu.py: `from datasets import load_dataset`, the HF hub datasets
+# library with pyarrow + pandas, ~60 MB; image.py: `from PIL import Image`). When the environment
+# lacks them they are stood in by modules that raise on any use; the summary lists them.
+OPTIONAL_IMPORTS = ("datasets", "PIL")
+
+
+class _Unavailable:
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Unavailable(f"{self._name}.{attr}")
+
+    def __call__(self, *a, **kw):
+        raise RuntimeError(f"{self._name} is not installed here (stood in by serving_sweep.py: "
+                           "only datasets this sweep does not use need it)")
+
+
+def import_bench_serving():
+    """sglang's bench_serving module; (module, stood-in module names)."""
+    import importlib
+    import types
+
+    stood_in = []
+    for _ in range(len(OPTIONAL_IMPORTS) + 1):
+        try:
+            try:
+                return importlib.import_module("sglang.benchmark.serving"), stood_in
+            except ModuleNotFoundError as exc:
+                if exc.name != "sglang.benchmark":
+                    raise
+                return importlib.import_module("sglang.bench_serving"), stood_in
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if top not in OPTIONAL_IMPORTS or top in stood_in:
+                raise
+            mod = types.ModuleType(top)
+            mod.__getattr__ = _Unavailable(top).__getattr__
+            sys.modules[top] = mod
+            stood_in.append(top)
+            for name in [m for m in sys.modules if m.startswith("sglang.benchmark")]:
+                del sys.modules[name]  # re-import the half-imported package
+    raise RuntimeError("bench_serving did not import")
+
+
 def sweep(args) -> int:
-    try:
-        from sglang.benchmark import serving as bs
-    except ImportError:
-        import sglang.bench_serving as bs
+    bs, stood_in = import_bench_serving()
+    if stood_in:
+        print(f"[sweep] stood in for {stood_in} (not installed; unused by the random dataset)",
+              flush=True)
     dataset = write_dataset(Path(args.out) / "_sharegpt_random.json", args.vocab)
     t_start = time.perf_counter()
     done = 0
@@ -94,11 +142,11 @@ def sweep(args) -> int:
             print(f"[sweep] {args.flavor}/{budget}/c{conc}: {time.perf_counter() - t0:.1f} s",
                   flush=True)
     dataset.unlink(missing_ok=True)
-    summarize(Path(args.out))
+    summarize(Path(args.out), stood_in)
     return 0 if done else 1
 
 
-def summarize(out: Path) -> dict:
+def summarize(out: Path, stood_in: list[str] | None = None) -> dict:
     """bench_serving.jsonl -> serving_summary.json rows (+ a printed table with x dense)."""
     path = out / JSONL
     rows = []
@@ -113,7 +161,9 @@ def summarize(out: Path) -> dict:
     for r in rows:
         d = dense.get((r["server"], r["concurrency"]))
         r["x_dense"] = round(r["output_throughput"] / d, 3) if d and r["output_throughput"] else None
+    old = json.loads((out / SUMMARY).read_text()) if (out / SUMMARY).is_file() else {}
     summary = {"rows": rows, "run_info": common.run_info(),
+               "stood_in_modules": sorted(set(old.get("stood_in_modules", [])) | set(stood_in or [])),
                "note": "sglang bench_serving --backend sglang-oai, random dataset, dummy weights"}
     common.write_json(out / SUMMARY, summary)
     print(common.format_table(
