@@ -9,7 +9,7 @@
 # OUT/serving_summary.json, OUT/base_serve.log, OUT/launch_server.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there
 OUT=${1:-${OUT:-benchmarks/results/sglang_h200}}
 mkdir -p "$OUT"
 source benchmarks/gpu/lib.sh

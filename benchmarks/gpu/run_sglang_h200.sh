@@ -16,7 +16,7 @@
 # the exit status is 1 if any failed. All output is also in $OUT/run_sglang_h200.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there
 OUT=${OUT:-benchmarks/results/sglang_h200}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_sglang_h200.log") 2>&1
