@@ -195,6 +195,7 @@ class Bench:
         self.runner, _tokenizer = ob.load_model(server_args, port_args, 0, 0)
         self.load_s = time.perf_counter() - t0
         self.mr = self.runner.torch_runner
+        self.graph_runner = self.mr.decode_cuda_graph_runner
         clock.lap("load model + capture decode graphs")
         print(f"[bench] load + capture {self.load_s:.1f} s, of which graph capture "
               f"{self.capture_s:.1f} s; max_total_num_tokens={self.mr.max_total_num_tokens}",
@@ -444,9 +445,14 @@ def sweep_batch(bench, B, args, config):
     if B == args.profile_batch:
         prof = {}
         for b in args.profile_budgets:
-            next_ids, p = profile_step(bench, next_ids, batch, B, b, args, config, ctx, lat)
+            try:
+                next_ids, p = profile_step(bench, next_ids, batch, B, b, args, config, ctx, lat)
+                ctx += p["steps_run"]
+            except Exception as exc:  # noqa: BLE001 - a failed profile must not cost the sweep
+                bench.mr.decode_cuda_graph_runner = bench.graph_runner
+                p = {"batch": B, "budget": b, "error": f"{type(exc).__name__}: {exc}"[:500]}
+                print(f"[profile] B={B} budget={b} failed: {p['error']}", flush=True)
             prof[f"{args.routing}/{b}"] = p
-            ctx += p["steps_run"]
     return rows, stats, prof
 
 

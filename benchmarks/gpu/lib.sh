@@ -75,8 +75,9 @@ stop_group() {
 stop_all_groups() {
     local pg
     for pg in "${STARTED_GROUPS[@]:-}"; do
-        [ -n "$pg" ] && stop_group "$pg"
+        if [ -n "$pg" ]; then stop_group "$pg"; fi
     done
+    return 0
 }
 
 wait_http() {  # wait_http URL SECONDS PGID
