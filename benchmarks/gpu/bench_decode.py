@@ -592,6 +592,7 @@ def report(out: Path) -> int:
               f"{obj.get('sglang_version')}, commit {obj.get('commit')}) ==")
         print(common.format_table(["B", "budget", "tok/s", "x dense", "x off", "experts/layer",
                                    "union"], table))
+        print(targets_line(ref))
         if obj.get("schema_error"):
             print(f"schema error: {obj['schema_error']}")
     if not found:
@@ -624,6 +625,23 @@ def merge(dirs: list[str], out: Path) -> None:
                 merged["schema_error"] = str(exc)
         common.write_json(out / name, merged)
         print(f"[merge] {out / name} from {len(parts)} folder(s)")
+
+
+TARGETS = ((16, "dense", 1.60), (10, "dense", 1.73), (128, "off", 0.97))  # issue 11, at B=16
+
+
+def targets_line(ref: dict, batch: int = 16) -> str:
+    """Issue 11's targets at B=16: M=16 >= 1.6x dense, M=10 >= 1.73x dense, nothing-dropped (128)
+    within 3% of the plugin off."""
+    parts = []
+    for budget, base, want in TARGETS:
+        a, b = ref.get((batch, budget)), ref.get((batch, base))
+        if a and b:
+            parts.append(f"M={budget} / {base} = {a / b:.3f} (target >= {want}: "
+                         f"{'met' if a / b >= want else 'NOT met'})")
+        else:
+            parts.append(f"M={budget} / {base}: not measured")
+    return f"targets at B={batch}: " + "; ".join(parts)
 
 
 def main(argv=None) -> int:

@@ -409,3 +409,11 @@ def test_plugin_step_trace_writes_one_line_per_decode_step(tmp_path, monkeypatch
     assert lines == [{"rows": 2, "max_budget": 5, "kept": [3, 2], "union": [6, 4]},
                      {"rows": 2, "max_budget": 5, "kept": [2, 1], "union": [6, 4]}]
     assert st.num_kept.tolist() == [0, 0] and st.num_steps == 0
+
+
+def test_targets_line_reports_met_and_missing_targets():
+    ref = {(16, "dense"): 1000.0, (16, 16): 1700.0, (16, 10): 1500.0}
+    line = bench_decode.targets_line(ref)
+    assert "M=16 / dense = 1.700 (target >= 1.6: met)" in line
+    assert "M=10 / dense = 1.500 (target >= 1.73: NOT met)" in line
+    assert "M=128 / off: not measured" in line
