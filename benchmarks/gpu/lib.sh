@@ -1,6 +1,7 @@
 # Shell helpers of the SGLang-on-GPU scripts (sourced, not run). Needs: cd to the repo root first.
 #   sgl_setup              find SGLang: /tmp/sgl-bundle (installing .device_carry/*.tar.xz with
-#                          install_bundle.sh when absent) or an installed sglang; exports SGL_ENV
+#                          install_bundle.sh when absent; re-registering this checkout with
+#                          bundle_register.py when present) or an installed sglang; exports SGL_ENV
 #   with_sgl CMD...        run CMD with the bundle's environment (env.sh) in a subshell
 #   project_check          base_sglang (+ kernels, server, the sglang.srt.plugins entry point)
 #                          importable under SGLang's environment; pip install -e . when not
@@ -16,6 +17,11 @@ log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 sgl_setup() {
     if [ -f "$BUNDLE_DIR/env.sh" ]; then
         SGL_ENV="$BUNDLE_DIR/env.sh"
+        # installed by an earlier call: point its project links at this checkout
+        if [ -f benchmarks/gpu/bundle_register.py ]; then
+            python3 benchmarks/gpu/bundle_register.py "$PWD" "$BUNDLE_DIR" >/dev/null \
+                || log "bundle_register.py failed: the bundle may still link an older checkout"
+        fi
     else
         local tarball
         tarball=$(ls .device_carry/*sgl*.tar.xz .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
