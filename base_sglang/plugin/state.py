@@ -11,7 +11,9 @@ Shape legend: N buffer rows (>= any decode batch, incl. graph padding), L MoE la
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ class PluginState:
     num_kept: torch.Tensor | None = None  # [L] int64 distinct experts executed, summed over steps
     num_union: torch.Tensor | None = None  # [L] int64 distinct experts routed, summed over steps
     num_steps: int = 0  # decode forwards since the last stats line
+    trace_path: str | None = None  # BASE_STEP_TRACE: one JSON line per decode step (checks only)
 
     @property
     def enabled(self) -> bool:
@@ -52,6 +55,7 @@ class PluginState:
         num_layers = len(predictor.meta.moe_layers)
         self.num_kept = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.num_union = torch.zeros(num_layers, dtype=torch.int64, device=device)
+        self.trace_path = os.environ.get("BASE_STEP_TRACE") or None
 
     def ensure_buffer(self, rows: int, device: torch.device | str) -> None:
         """Allocate (or grow, before capture only) the budget buffer to at least `rows` rows."""
@@ -80,7 +84,21 @@ class PluginState:
             self.active = False
         if ok:
             self.num_steps += 1
+            if self.trace_path:
+                self.trace_step(budgets)
             self.maybe_log_stats()
+
+    def trace_step(self, budgets: list[int]) -> None:
+        """Append this step's per-layer counts to BASE_STEP_TRACE, then restart the counters.
+
+        A host sync per step: for checks (benchmarks/gpu/check_proxy_sglang.py), not serving."""
+        rec = {"rows": len(budgets), "max_budget": max(budgets, default=0),
+               "kept": self.num_kept.tolist(), "union": self.num_union.tolist()}  # [L] each
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.num_kept.zero_()
+        self.num_union.zero_()
+        self.num_steps = 0
 
     @contextmanager
     def capture(self):
