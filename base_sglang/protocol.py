@@ -80,6 +80,10 @@ class RequestOutput:
     experts_per_layer: float | None  # mean distinct experts executed per MoE layer, decode steps
     experts_per_layer_routed: float | None  # the same without selection (the dense union)
     error: str | None = None
+    queue_time_s: float | None = None  # from arrival to the start of the request's prefill
+
+
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"  # error of aborted requests
 
 
 class QueueFull(RuntimeError):
@@ -102,10 +106,13 @@ class Backend(Protocol):
     max_model_len: int  # prompt + output tokens per request
     policy: str  # the selection policy in decode steps
     tokenizer: Any  # a transformers tokenizer (encode / decode / apply_chat_template)
+    capacity: int | None  # requests it can hold at once (running + waiting); None = unbounded
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     def generate(self, prompt_ids: list[int], params: SamplingParams, budget: int,
                  request_id: str) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
+    def abort_all(self, error: str) -> int: ...  # end every live request with `error`; -> count
     def stats(self) -> dict: ...
+    def describe(self) -> dict: ...  # what it serves and how (logged at start-up)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from base_sglang.core.budget import resolve_budget
 from base_sglang.server.errors import install_error_handlers
+from base_sglang.server.limits import BodyLimit, Limits, longest_token_chars
 from base_sglang.server.metrics import Metrics
 from base_sglang.server.routes import chat, completions, health, metrics, models
 from base_sglang.server.settings import Settings
+
+log = logging.getLogger("base_sglang.server")
 
 
 def create_app(backend, settings: Settings | None = None) -> FastAPI:
@@ -18,7 +24,14 @@ def create_app(backend, settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.loop = asyncio.get_running_loop()
         await backend.start()
+        info = backend.describe()
+        log.info("base-serve: serving %s", ", ".join(f"{k}={v}" for k, v in info.items()))
+        log.info("base-serve: limits: request body %d bytes, %d tokens per request, budgets "
+                 "[%d, %s], shutdown timeout %g s", app.state.limits.max_request_bytes,
+                 app.state.limits.max_model_len, settings.min_budget,
+                 settings.max_budget or backend.num_experts, settings.shutdown_timeout)
         try:
             yield
         finally:
@@ -28,10 +41,16 @@ def create_app(backend, settings: Settings | None = None) -> FastAPI:
     app.state.backend = backend
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.draining = threading.Event()  # set by the shutdown handler: /health says draining
+    app.state.loop = None  # the serving event loop (the shutdown deadline schedules onto it)
     app.state.default_budget = _default_budget(settings, backend.num_experts)
+    app.state.limits = Limits(settings.max_request_bytes, backend.max_model_len,
+                              longest_token_chars(backend.tokenizer))
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     for module in (models, completions, chat, health, metrics):
         app.include_router(module.router)
+    app.openapi = lambda: _openapi(app)
     return app
 
 
@@ -41,3 +60,23 @@ def _default_budget(settings: Settings, num_experts: int) -> int:
         raise ValueError(f"min_budget/max_budget: need 1 <= min_budget <= max_budget, got "
                          f"[{lo}, {hi}]")
     return resolve_budget(settings.default_budget, "default_budget", num_experts, lo, hi)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, minus the 422 it adds to every route (this server answers 400), with the
+    served model id as the only value of `model`."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        served = app.state.backend.name
+        for name in ("CompletionRequest", "ChatCompletionRequest"):
+            props = schema["components"]["schemas"][name]["properties"]
+            props["model"] = {**props["model"], "enum": [served]}
+        app.openapi_schema = schema
+    return app.openapi_schema

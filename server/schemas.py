@@ -1,12 +1,38 @@
-"""OpenAI request and response bodies (pydantic lives only here and in settings.py)."""
+"""OpenAI request and response bodies (pydantic lives only here and in settings.py).
+
+Requests validate every field with a message that names it. Fields with OpenAI semantics that this
+server does not implement yet are refused with 400 naming the field (UNSUPPORTED), never silently
+ignored; unknown fields outside OpenAI's API are ignored, as OpenAI's own servers do.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-Budget = Any  # int 1..E or "dense"; parsed and range-checked in deps.resolve_budget
+from base_sglang.core.budget import BUDGET_FIELD, DENSE_LABEL, parse_budget
+
+BUDGET_DOC = ("experts each MoE layer may execute per decode step for this request: an integer "
+              f"1..E or \"{DENSE_LABEL}\"; the X-Expert-Budget header carries the same value "
+              "(this field wins)")
+BUDGET_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1},
+                           {"type": "string", "pattern": "^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?[0-9]+)\\s*$"}],
+                 "description": BUDGET_DOC}
+# int 1..E or "dense" (the range against E and the server's limits is checked per request)
+Budget = Annotated[Any, WithJsonSchema(BUDGET_SCHEMA)]
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what a torch.Generator accepts
+Finite = dict(allow_inf_nan=False)
+
+# OpenAI fields this server does not implement yet: 400 naming the field unless the value is the
+# OpenAI default (a client library that always sends the default keeps working).
+UNSUPPORTED = {
+    "common": {"logit_bias": None, "frequency_penalty": 0, "presence_penalty": 0},
+    "completions": {"best_of": 1, "suffix": None},
+    "chat": {"response_format": None, "tools": None, "tool_choice": None, "functions": None,
+             "function_call": None, "parallel_tool_calls": None, "audio": None,
+             "modalities": None, "prediction": None},
+}
 
 
 class StreamOptions(BaseModel):
@@ -14,26 +40,49 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
+    KIND: ClassVar[str] = "common"
 
     model: str
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None  # extension (vLLM/SGLang)
-    n: int = 1
+    temperature: float | None = Field(None, ge=0.0, le=2.0, **Finite)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, **Finite)
+    top_k: int | None = Field(None, ge=-1, description="vLLM/SGLang extension; -1 or 0 = off")
+    n: int = Field(1, ge=1, le=1, description="choices per prompt (only 1 is supported yet)")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool = False  # extension (vLLM/SGLang), for benchmarks
-    expert_budget: Budget = None  # extension: experts per MoE layer per decode step, or "dense"
+    stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    ignore_eos: bool = Field(False, description="vLLM/SGLang extension, for benchmarks")
+    expert_budget: Budget = None
     user: str | None = None
+
+    @field_validator("expert_budget")
+    @classmethod
+    def _budget(cls, v):
+        if v is not None:
+            parse_budget(v, BUDGET_FIELD)  # the syntax; E and the server's range per request
+        return v
+
+    @model_validator(mode="after")
+    def _refuse_unimplemented(self):
+        extra = self.model_extra or {}
+        table = {**UNSUPPORTED["common"], **UNSUPPORTED[self.KIND]}
+        for name, default in table.items():
+            if name in extra and extra[name] is not None and extra[name] != default:
+                raise ValueError(f"{name}: not supported by this server yet")
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stop) > 4:
+            raise ValueError("stop: at most 4 stop sequences")
+        return self
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    KIND: ClassVar[str] = "completions"
+
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a string, a list of strings, token ids, or a list of token-id lists")
     max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=5, description="top alternatives per token, 0..5")
     echo: bool = False
 
 
@@ -50,6 +99,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Sampling):
+    KIND: ClassVar[str] = "chat"
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
@@ -58,6 +109,17 @@ class ChatCompletionRequest(_Sampling):
 
 
 # ---- responses ------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -78,12 +140,12 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length"] | None = None
 
 
 class CompletionResponse(BaseModel):
     id: str
-    object: str = "text_completion"
+    object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
     choices: list[CompletionChoice]
@@ -105,7 +167,7 @@ class ChatLogprobs(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
-    role: str = "assistant"
+    role: Literal["assistant"] = "assistant"
     content: str | None = None
 
 
@@ -113,12 +175,12 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length"] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
     id: str
-    object: str = "chat.completion"
+    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[ChatChoice]
@@ -126,7 +188,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    role: str | None = None
+    role: Literal["assistant"] | None = None
     content: str | None = None
 
 
@@ -134,12 +196,12 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length"] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
     id: str
-    object: str = "chat.completion.chunk"
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatChunkChoice]
@@ -148,13 +210,22 @@ class ChatCompletionChunk(BaseModel):
 
 class ModelCard(BaseModel):
     id: str
-    object: str = "model"
+    object: Literal["model"] = "model"
     created: int
     owned_by: str = "base-sglang"
     num_experts: int | None = None  # routed experts per MoE layer (the dense budget)
     policy: str | None = None
+    max_model_len: int | None = None
 
 
 class ModelList(BaseModel):
-    object: str = "list"
+    object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def stream_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI content for a route that also answers text/event-stream (stream=true)."""
+    return {"text/event-stream": {"schema": {
+        "type": "string", "description": f"server-sent events: `data: <{model.__name__} JSON>` "
+        "lines, an error event `data: {\"error\": {...}}` if the request fails part-way, then "
+        "`data: [DONE]`"}}}

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int | None = Field(None, ge=1)  # torch CPU threads (native backend)
+    max_model_len: int | None = Field(None, ge=2)  # tokens per request; default: the model's
+    max_request_bytes: int = Field(8 << 20, ge=1024)  # larger request bodies get 413
+    shutdown_timeout: float = Field(30.0, ge=0, allow_inf_nan=False)  # drain deadline, seconds
     log_level: str = "info"
     backend_args: list[str] = []  # CLI arguments base-serve does not know, for the backend (sglang)
 

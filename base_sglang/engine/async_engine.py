@@ -91,6 +91,23 @@ class AsyncLLMEngine:
         if self._streams.pop(request_id, None) is not None:
             self._send(("abort", request_id))
 
+    def abort_all(self, error: str) -> int:
+        """End every live request now with an error output (shutdown deadline); -> how many."""
+        live = list(self._streams)
+        for rid in live:
+            loop, q = self._streams[rid]
+            final = RequestOutput(request_id=rid, token_ids=[], text="", logprobs=None,
+                                  prompt_logprobs=None, finished=True, finish_reason="error",
+                                  num_prompt_tokens=0, num_output_tokens=0, budget=0,
+                                  experts_per_layer=None, experts_per_layer_routed=None,
+                                  error=error)
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, final)
+            except RuntimeError:  # the event loop is closed
+                pass
+            self._send(("abort", rid))
+        return len(live)
+
     # ---- engine thread -----------------------------------------------------------------------
     def _send(self, command) -> None:
         self._commands.put(command)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import traceback
+import uuid
 
 import torch
 
@@ -36,7 +37,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_running_requests, config.max_waiting_requests,
                                    config.max_prefill_tokens)
         self.sampler = Sampler()
-        self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers))
+        self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers),
+                                 num_experts=self.num_experts)
         self._ids = itertools.count()
         self._last_step: tuple[list[Sequence], bool] = ([], False)
         self.default_budget = resolve_budget(config.default_budget, "default_budget",
@@ -127,9 +129,11 @@ class LLMEngine:
             token_ids = self.sampler(logits[ok], [seqs[b] for b in ok])
             self.stats.record(stats)
             return failed + self.postprocess([seqs[b] for b in ok], token_ids, logits[ok], stats)
-        except Exception as exc:  # the batch's requests end with an error; the engine goes on
-            log.error("engine step failed: %s", traceback.format_exc())
-            return self.fail_step(f"{type(exc).__name__}: {exc}")
+        except Exception:  # the batch's requests end with an error; the engine goes on
+            err_id = uuid.uuid4().hex[:12]
+            log.error("engine step failed (error id %s): %s", err_id, traceback.format_exc())
+            return self.fail_step(f"the engine failed while running this request's batch "
+                                  f"(error id {err_id}; the server log has the details)")
 
     def _fail_non_finite(self, seqs: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
         """Finish every row whose logits are not all finite with an error (only that request)."""
@@ -185,7 +189,8 @@ class LLMEngine:
             prompt_logprobs=prompt_logprobs, finished=seq.is_finished,
             finish_reason=seq.finish_reason, num_prompt_tokens=len(seq.prompt_ids),
             num_output_tokens=len(seq.output_ids), budget=min(seq.budget, self.num_experts),
-            experts_per_layer=executed, experts_per_layer_routed=routed, error=error)
+            experts_per_layer=executed, experts_per_layer_routed=routed, error=error,
+            queue_time_s=None if seq.scheduled_time is None else seq.scheduled_time - seq.arrival_time)
 
     # ---- offline use -------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], params, budget: int | None = None):

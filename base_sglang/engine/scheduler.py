@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ..protocol import QueueFull
@@ -42,8 +43,10 @@ class Scheduler:
                 break
             admitted.append(self.waiting.popleft())
         if admitted:
+            now = time.monotonic()
             for seq in admitted:
                 seq.status = SequenceStatus.RUNNING
+                seq.scheduled_time = now
             self.running.extend(admitted)
             return admitted, True
         return list(self.running), False

@@ -35,6 +35,7 @@ class Sequence:
     experts_executed_sum: float = 0.0  # sum over decode steps of mean-over-layers experts executed
     experts_routed_sum: float = 0.0
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None  # when its prefill began
 
     @property
     def num_tokens(self) -> int:

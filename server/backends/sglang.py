@@ -34,6 +34,7 @@ class SGLangBackend:
         manager = engine.tokenizer_manager
         self.max_model_len = manager.context_len
         self.tokenizer = manager.tokenizer
+        self.capacity = None  # SGLang queues without a bound of its own
 
     async def start(self) -> None:  # the Engine started in create_backend (it blocks while loading)
         pass
@@ -65,6 +66,21 @@ class SGLangBackend:
 
     def abort(self, request_id: str) -> None:
         self.engine.tokenizer_manager.abort_request(rid=request_id)
+
+    def abort_all(self, error: str) -> int:
+        live = list(getattr(self.engine.tokenizer_manager, "rid_to_state", {}))
+        for rid in live:
+            self.abort(rid)
+        return len(live)
+
+    def describe(self) -> dict:
+        args = self.engine.server_args
+        return {"backend": "sglang", "model": args.model_path, "served_as": self.name,
+                "policy": self.policy, "num_experts": self.num_experts,
+                "predictor": os.environ.get("BASE_PREDICTOR", "none"),
+                "default_budget": os.environ.get("BASE_DEFAULT_BUDGET", "dense"),
+                "tp_size": args.tp_size, "max_model_len": self.max_model_len,
+                "max_running_requests": args.max_running_requests}
 
     def stats(self) -> dict:
         live = len(getattr(self.engine.tokenizer_manager, "rid_to_state", {}))

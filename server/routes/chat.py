@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.server.deps import (
-    BUDGET_HEADER,
-    budget_label,
-    check_model,
-    require_api_key,
-    resolve_budget,
-)
+from base_sglang.core.budget import BUDGET_HEADER
+from base_sglang.server import serving
+from base_sglang.server.deps import require_api_key
 from base_sglang.server.errors import APIError
-from base_sglang.server.generation import (
-    Result,
-    collect,
-    engine_error_event,
-    new_id,
-    raise_if_failed,
-    record,
-    sampling_params,
-    sse,
-    sse_stream,
-    submit,
-    usage,
-)
+from base_sglang.server.routes import ERROR_RESPONSES, budget_header_doc
 from base_sglang.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -41,72 +26,71 @@ from base_sglang.server.schemas import (
     ChatTokenLogprob,
     TopLogprob,
     Usage,
+    stream_schema,
 )
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-ENDPOINT = "chat"
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-    started = time.monotonic()
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={
+    200: {"content": stream_schema(ChatCompletionChunk)}, **ERROR_RESPONSES})
+async def create_chat_completion(
+        body: ChatCompletionRequest, request: Request,
+        x_expert_budget: Annotated[str | None, Header(alias=BUDGET_HEADER,
+                                                      description=budget_header_doc)] = None):
     backend = request.app.state.backend
-    check_model(request, body.model)
-    budget = resolve_budget(request, body.expert_budget)
-    prompt_ids = _render(body, backend.tokenizer)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if max_tokens is None:
-        max_tokens = max(1, backend.max_model_len - len(prompt_ids))
-    top = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, top, None)
-    rid = new_id("chatcmpl")
-    headers = {BUDGET_HEADER: str(budget_label(budget, backend.num_experts))}
-    [stream] = submit(backend, [prompt_ids], params, budget, rid)
+
+    async def prompts():
+        text = await asyncio.to_thread(_render, body, backend.tokenizer)
+        return [await serving.encode(request, text, "messages", add_special_tokens=False)]
+
+    def params(ids):
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, backend.max_model_len - len(ids[0]))
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        return serving.sampling_params(body, max_tokens, top, None)
+
+    job = await serving.start(request, body, "chat", prompts, params)
     if body.stream:
-        return StreamingResponse(sse_stream(_events(request, body, backend, rid, stream, budget,
-                                                    started)),
-                                 media_type="text/event-stream", headers=headers)
-    [res] = await collect(request, [stream])
-    record(request, ENDPOINT, 200, [res], budget, started)
-    raise_if_failed(res.last)
+        request.app.state.metrics.observe_response("chat", 200)
+        return StreamingResponse(serving.sse_frames(job, _events(job, body)),
+                                 media_type="text/event-stream", headers=job.headers)
+    [res] = await serving.collect(job)
+    request.app.state.metrics.observe_response("chat", 200)
     choice = ChatChoice(index=0, message=ChatResponseMessage(content=res.text),
                         logprobs=_logprobs(backend.tokenizer, res.logprobs) if body.logprobs else None,
                         finish_reason=res.last.finish_reason)
-    resp = ChatCompletionResponse(id=rid, created=int(time.time()), model=backend.name,
-                                  choices=[choice],
-                                  usage=Usage(**usage([res], budget, backend.num_experts)))
-    return JSONResponse(resp.model_dump(), headers=headers)
+    resp = ChatCompletionResponse(id=job.rid, created=job.created, model=backend.name,
+                                  choices=[choice], usage=Usage(**job.usage()))
+    return JSONResponse(resp.model_dump(), headers=job.headers)
 
 
-async def _events(request, body, backend, rid, stream, budget, started):
-    created = int(time.time())
+async def _events(job: serving.Job, body: ChatCompletionRequest):
+    name, tok = job.backend.name, job.backend.tokenizer
 
-    def chunk(delta: ChatDelta, finish=None, logprobs=None, use=None) -> str:
+    def chunk(delta: ChatDelta, finish=None, logprobs=None) -> str:
         choice = ChatChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=finish)
-        body = ChatCompletionChunk(id=rid, created=created, model=backend.name, choices=[choice],
-                                   usage=use).model_dump()
-        body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits role
-        return sse(json.dumps(body))
+        out = ChatCompletionChunk(id=job.rid, created=job.created, model=name,
+                                  choices=[choice]).model_dump(exclude={"usage"})
+        out["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits role
+        return serving.sse(json.dumps(out))
 
     yield chunk(ChatDelta(role="assistant", content=""))
-    res = Result()
-    async for out in stream:
-        res.add(out)
+    async for _, out in serving.merged(job):
         if out.error is not None:
-            yield engine_error_event(out.error)
+            yield serving.failure_event(out)
             break
-        lps = _logprobs(backend.tokenizer, out.logprobs or []) if body.logprobs else None
-        use = Usage(**usage([res], budget, backend.num_experts)) if out.finished else None
-        if out.text or lps or out.finished:
-            yield chunk(ChatDelta(content=out.text), out.finish_reason if out.finished else None,
-                        lps, use)
-    record(request, ENDPOINT, 200, [res], budget, started)
+        lps = _logprobs(tok, out.logprobs or []) if body.logprobs else None
+        reason = out.finish_reason if out.finished and out.finish_reason != "abort" else None
+        if out.text or lps or reason:
+            yield chunk(ChatDelta(content=out.text), reason, lps)
     if body.stream_options is not None and body.stream_options.include_usage:
-        yield sse(ChatCompletionChunk(id=rid, created=created, model=backend.name, choices=[],
-                                      usage=Usage(**usage([res], budget, backend.num_experts))))
+        yield serving.sse(ChatCompletionChunk(id=job.rid, created=job.created, model=name,
+                                              choices=[], usage=Usage(**job.usage())))
 
 
-def _render(body: ChatCompletionRequest, tokenizer) -> list[int]:
+def _render(body: ChatCompletionRequest, tokenizer) -> str:
     messages = []
     for i, m in enumerate(body.messages):
         content = m.content
@@ -119,8 +103,7 @@ def _render(body: ChatCompletionRequest, tokenizer) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(400, "messages: this model's tokenizer has no chat template; "
                             "use /v1/completions", param="messages")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def _logprobs(tokenizer, lps) -> ChatLogprobs:
