@@ -62,9 +62,16 @@ def _default_budget(settings: Settings, num_experts: int) -> int:
     return resolve_budget(settings.default_budget, "default_budget", num_experts, lo, hi)
 
 
+def budget_pattern(lo: int, hi: int) -> str:
+    """A regex of exactly the budget strings this server accepts: dense (any case), lo..hi."""
+    nums = "|".join(str(n) for n in range(lo, hi + 1))
+    return f"^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?0*({nums}))\\s*$"
+
+
 def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema, minus the 422 it adds to every route (this server answers 400), with the
-    served model id as the only value of `model`."""
+    """FastAPI's schema, minus the 422 it adds to every route (this server answers 400), with
+    what this server accepts filled in: the served model id as the only value of `model`, the
+    budget range of this model and server, max_tokens up to the context length."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
@@ -74,9 +81,25 @@ def _openapi(app: FastAPI) -> dict:
                 op.get("responses", {}).pop("422", None)
         for name in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(name, None)
-        served = app.state.backend.name
+        backend, settings = app.state.backend, app.state.settings
+        lo, hi = settings.min_budget, settings.max_budget or backend.num_experts
+        pattern = budget_pattern(lo, hi)
+        dense_ok = hi >= backend.num_experts
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             props = schema["components"]["schemas"][name]["properties"]
-            props["model"] = {**props["model"], "enum": [served]}
+            props["model"] = {**props["model"], "enum": [backend.name]}
+            number, text, _ = props["expert_budget"]["anyOf"]
+            number.update(minimum=lo, maximum=min(hi, backend.num_experts))
+            text["pattern"] = pattern if dense_ok else pattern.replace(
+                "[Dd][Ee][Nn][Ss][Ee]|", "")
+            for field in ("max_tokens", "max_completion_tokens"):
+                if field in props:
+                    for option in props[field].get("anyOf", [props[field]]):
+                        if option.get("type") == "integer":
+                            option["maximum"] = backend.max_model_len - 1
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            for param in schema["paths"][path]["post"].get("parameters", []):
+                if param["name"] == "X-Expert-Budget":
+                    param["schema"]["pattern"] = pattern
         app.openapi_schema = schema
     return app.openapi_schema

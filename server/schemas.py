@@ -17,10 +17,18 @@ BUDGET_DOC = ("experts each MoE layer may execute per decode step for this reque
               f"1..E or \"{DENSE_LABEL}\"; the X-Expert-Budget header carries the same value "
               "(this field wins)")
 BUDGET_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1},
-                           {"type": "string", "pattern": "^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?[0-9]+)\\s*$"}],
+                           {"type": "string", "pattern": "^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?[0-9]+)\\s*$"},
+                           {"type": "null"}],
                  "description": BUDGET_DOC}
 # int 1..E or "dense" (the range against E and the server's limits is checked per request)
 Budget = Annotated[Any, WithJsonSchema(BUDGET_SCHEMA)]
+_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+Prompt = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    _IDS, {"type": "array", "minItems": 1, "items": _IDS}],
+    "description": "a string, a list of strings, token ids, or a list of token-id lists "
+                   "(none of them empty)"})]
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what a torch.Generator accepts
 Finite = dict(allow_inf_nan=False)
 
@@ -36,11 +44,12 @@ UNSUPPORTED = {
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no "4" for 4, no false for 0
     KIND: ClassVar[str] = "common"
 
     model: str
@@ -79,21 +88,35 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     KIND: ClassVar[str] = "completions"
 
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        description="a string, a list of strings, token ids, or a list of token-id lists")
+    prompt: Prompt
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v):
+        def ids(x):
+            return isinstance(x, list) and bool(x) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in x)
+
+        if isinstance(v, str) and v:
+            return v
+        if isinstance(v, list) and v and (ids(v) or all(isinstance(p, str) and p for p in v)
+                                          or all(ids(p) for p in v)):
+            return v
+        raise ValueError("prompt: must be a non-empty string, a list of non-empty strings, a "
+                         "non-empty list of token ids (integers >= 0), or a list of such lists")
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=5, description="top alternatives per token, 0..5")
     echo: bool = False
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
@@ -224,8 +247,11 @@ class ModelList(BaseModel):
 
 
 def stream_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI content for a route that also answers text/event-stream (stream=true)."""
+    """OpenAPI content for a route that also answers text/event-stream (stream=true): the schema
+    of one event (its `data` is a JSON text, or [DONE])."""
     return {"text/event-stream": {"schema": {
-        "type": "string", "description": f"server-sent events: `data: <{model.__name__} JSON>` "
-        "lines, an error event `data: {\"error\": {...}}` if the request fails part-way, then "
-        "`data: [DONE]`"}}}
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string", "description": (
+            f"a {model.__name__} as JSON; an ErrorResponse as JSON if the request fails part-way; "
+            "finally the text [DONE]")}, "event": {"type": "string"}},
+        "description": "server-sent events"}}}

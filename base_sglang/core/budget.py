@@ -24,6 +24,8 @@ def parse_budget(value: Any, field: str, num_experts: int | None = None) -> int:
             return DENSE
         if text.lstrip("+").isdigit():
             value = int(text)
+    if isinstance(value, float) and value.is_integer():  # JSON 4.0 is the integer 4
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{field}: must be an integer number of experts (>= 1) or \"dense\", "
                          f"got {value!r}")

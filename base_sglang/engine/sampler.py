@@ -40,7 +40,8 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     drop = rank >= k[:, None]  # [B, V]
     probs = torch.softmax(sorted_logits, -1)  # [B, V]
     before = probs.cumsum(-1) - probs  # [B, V] mass strictly above each rank
-    drop |= before >= top_p[:, None]  # the top-1 token always stays (before = 0 < top_p)
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False  # the top-1 token always stays (also when top_p underflows to 0 in fp32)
     sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 

@@ -12,3 +12,4 @@ ERROR_RESPONSES = {
 }
 budget_header_doc = ("experts each MoE layer may execute per decode step for this request: an "
                      "integer 1..E or \"dense\" (the body field expert_budget wins)")
+BUDGET_HEADER_SCHEMA = {"pattern": "^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?[0-9]+)\\s*$"}

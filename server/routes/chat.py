@@ -13,7 +13,7 @@ from base_sglang.core.budget import BUDGET_HEADER
 from base_sglang.server import serving
 from base_sglang.server.deps import require_api_key
 from base_sglang.server.errors import APIError
-from base_sglang.server.routes import ERROR_RESPONSES, budget_header_doc
+from base_sglang.server.routes import BUDGET_HEADER_SCHEMA, ERROR_RESPONSES, budget_header_doc
 from base_sglang.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -36,8 +36,9 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
     200: {"content": stream_schema(ChatCompletionChunk)}, **ERROR_RESPONSES})
 async def create_chat_completion(
         body: ChatCompletionRequest, request: Request,
-        x_expert_budget: Annotated[str | None, Header(alias=BUDGET_HEADER,
-                                                      description=budget_header_doc)] = None):
+        x_expert_budget: Annotated[str, Header(
+            alias=BUDGET_HEADER, description=budget_header_doc,
+            json_schema_extra=BUDGET_HEADER_SCHEMA)] = None):
     backend = request.app.state.backend
 
     async def prompts():

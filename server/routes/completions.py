@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from base_sglang.core.budget import BUDGET_HEADER
 from base_sglang.server import serving
 from base_sglang.server.deps import require_api_key
-from base_sglang.server.routes import ERROR_RESPONSES, budget_header_doc
+from base_sglang.server.routes import BUDGET_HEADER_SCHEMA, ERROR_RESPONSES, budget_header_doc
 from base_sglang.server.schemas import (
     CompletionChoice,
     CompletionLogprobs,
@@ -27,8 +27,9 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
     200: {"content": stream_schema(CompletionResponse)}, **ERROR_RESPONSES})
 async def create_completion(
         body: CompletionRequest, request: Request,
-        x_expert_budget: Annotated[str | None, Header(alias=BUDGET_HEADER,
-                                                      description=budget_header_doc)] = None):
+        x_expert_budget: Annotated[str, Header(
+            alias=BUDGET_HEADER, description=budget_header_doc,
+            json_schema_extra=BUDGET_HEADER_SCHEMA)] = None):
     job = await serving.start(
         request, body, "completions", lambda: _prompt_ids(request, body.prompt),
         lambda ids: serving.sampling_params(

@@ -182,6 +182,7 @@ def test_nan_logits_in_prefill_fail_only_that_request(proxy, monkeypatch):
 def test_extreme_sampling_settings_stay_finite(proxy):
     for params in (SamplingParams(temperature=1e-7, max_tokens=4, logprobs=20),
                    SamplingParams(temperature=2.0, top_p=1e-9, max_tokens=4, logprobs=3),
+                   SamplingParams(temperature=1.0, top_p=5e-324, max_tokens=4),  # 0 in fp32
                    SamplingParams(temperature=2.0, top_k=1, max_tokens=4)):
         rid = proxy.add_request("x", params, 1)
         while proxy.has_unfinished():
