@@ -42,9 +42,10 @@ CHAIN = (
     "sglang.srt.entrypoints.openai.serving_completions",
     "sglang.srt.function_call.function_call_parser",
     "sglang.launch_server",
-    "sglang.bench_one_batch",
-    "sglang.bench_serving",
-    "sglang.bench_offline_throughput",
+    # 0.5.17's deprecated paths (what `python -m` uses there) or the modules behind them
+    ("sglang.bench_one_batch", "sglang.benchmark.one_batch"),
+    ("sglang.bench_serving", "sglang.benchmark.serving"),
+    ("sglang.bench_offline_throughput", "sglang.benchmark.offline_throughput"),
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.tokenizer_manager",
     "sglang.srt.managers.detokenizer_manager",
@@ -98,10 +99,19 @@ def versions() -> None:
     print(f"transformers from {Path(tf.__file__).parent}")
 
 
+def _import_first(names: tuple[str, ...]):
+    """The first of several paths of one module (a path that is itself absent is skipped)."""
+    for name in names[:-1]:
+        if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and \
+                importlib.util.find_spec(name) is not None:
+            return _import(name)
+    return _import(names[-1])
+
+
 def chain(cpu: bool) -> None:
     names = CHAIN if cpu else CUDA_ONLY + CHAIN
     for name in names:
-        _import(name)
+        _import_first(name) if isinstance(name, tuple) else _import(name)
     print(f"import chain OK: {len(names)} modules" + (" (CPU: CUDA-only modules skipped)" if cpu
                                                        else ""))
 
