@@ -109,9 +109,18 @@ def _import_first(names: tuple[str, ...]):
 
 
 def chain(cpu: bool) -> None:
+    """Import every module of the chain; report all that fail (one device call shows them all)."""
     names = CHAIN if cpu else CUDA_ONLY + CHAIN
+    failed = []
     for name in names:
-        _import_first(name) if isinstance(name, tuple) else _import(name)
+        try:
+            _import_first(name) if isinstance(name, tuple) else _import(name)
+        except CheckFailed as exc:
+            print(f"  FAILED {exc}", file=sys.stderr)
+            failed.append(str(exc).split("\n", 1)[0])
+    if failed:
+        raise CheckFailed(f"{len(failed)} of {len(names)} modules of the import chain do not "
+                          "import:\n  " + "\n  ".join(failed))
     print(f"import chain OK: {len(names)} modules" + (" (CPU: CUDA-only modules skipped)" if cpu
                                                        else ""))
 

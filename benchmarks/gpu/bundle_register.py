@@ -2,11 +2,13 @@
 
     python3 benchmarks/gpu/bundle_register.py REPO DEST
 
-What `pip install --no-deps -e REPO` would do, for a node without network or build tools:
-- DEST/project/base_sglang/ holds symlinks that rebuild the installed package layout from
-  pyproject.toml's [tool.setuptools] package-dir (base_sglang.kernels -> REPO/kernels, ...), so
-  `import base_sglang.kernels` works with DEST/project on PYTHONPATH, and edits in REPO show;
-- DEST/site/base-sglang-VERSION.dist-info/ carries METADATA and entry_points.txt (the
+What `pip install --no-deps -e REPO` does, for a node without network or build tools:
+- DEST/project/sitecustomize.py (Python imports it at startup from PYTHONPATH, in every process
+  SGLang spawns too) appends a meta-path finder with pyproject.toml's [tool.setuptools]
+  package-dir mapping (base_sglang -> REPO/base_sglang, base_sglang.kernels -> REPO/kernels, ...),
+  like setuptools' editable finder: `import base_sglang.kernels` works from any directory,
+  including REPO itself, where `python -m` puts REPO/base_sglang (without kernels/) first;
+- DEST/site/base_sglang-VERSION.dist-info/ carries METADATA and entry_points.txt (the
   `sglang.srt.plugins` entry point `base = base_sglang.plugin:register`), which
   importlib.metadata (and so sglang's load_plugins()) finds on PYTHONPATH;
 - DEST/bin/ gets the console scripts of [project.scripts] (base-serve, ...).
@@ -15,11 +17,48 @@ What `pip install --no-deps -e REPO` would do, for a node without network or bui
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 import tomllib
+
+# DEST/project/sitecustomize.py: the finder, then whatever sitecustomize this one shadows
+SITECUSTOMIZE = '''"""Written by benchmarks/gpu/bundle_register.py: base-sglang's package layout, without pip."""
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(_HERE, "base_sglang_packages.json")) as _fh:
+    _PACKAGES = json.load(_fh)  # dotted package name -> its folder
+
+
+class _BaseSglangFinder(importlib.abc.MetaPathFinder):
+    """Packages of pyproject.toml's package-dir mapping, from their folders in the checkout."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = _PACKAGES.get(fullname)
+        if folder is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
+
+
+if not any(isinstance(f, _BaseSglangFinder) for f in sys.meta_path):
+    sys.meta_path.append(_BaseSglangFinder())
+
+# chain to the sitecustomize this file hides (if the interpreter has one further down sys.path)
+for _entry in sys.path:
+    _path = os.path.join(_entry or os.getcwd(), "sitecustomize.py")
+    if os.path.abspath(_entry or os.getcwd()) != _HERE and os.path.isfile(_path):
+        _spec = importlib.util.spec_from_file_location("_chained_sitecustomize", _path)
+        _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+        break
+'''
 
 
 def read_project(repo: Path) -> dict:
@@ -36,38 +75,29 @@ def read_project(repo: Path) -> dict:
             "package_dir": tools.get("package-dir", {}), "packages": tools.get("packages", [])}
 
 
-def link_packages(repo: Path, project_dir: Path, package_dir: dict, packages: list) -> list[str]:
-    """Symlink farm: every top-level package dir, then each remapped sub-package inside it."""
-    if project_dir.exists():
-        shutil.rmtree(project_dir)
-    project_dir.mkdir(parents=True)
-    mapping = dict(package_dir) or {p.split(".")[0]: p.split(".")[0] for p in packages}
-    made = []
-    for pkg, src in sorted(mapping.items(), key=lambda kv: kv[0].count(".")):
-        src_dir = (repo / src).resolve()
-        if not (src_dir / "__init__.py").is_file():
-            raise SystemExit(f"package-dir {pkg!r} -> {src!r}: {src_dir} is not a package")
-        target = project_dir.joinpath(*pkg.split("."))
-        if "." not in pkg:  # a real folder whose entries link into the repo: sub-packages fit in
-            target.mkdir(parents=True)
-            for child in sorted(src_dir.iterdir()):
-                if child.name != "__pycache__":
-                    (target / child.name).symlink_to(child)
+def package_folders(repo: Path, package_dir: dict, packages: list) -> dict[str, str]:
+    """Every declared package -> its folder, resolved through package-dir like setuptools does."""
+    folders = {}
+    for pkg in packages:
+        parts = pkg.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest mapped prefix wins
+            prefix = ".".join(parts[:cut])
+            if prefix in package_dir:
+                folder = repo / package_dir[prefix] / Path(*parts[cut:])
+                break
         else:
-            if target.is_symlink() or target.exists():
-                raise SystemExit(f"package-dir {pkg!r}: {target} already exists in {src_dir.parent}")
-            target.symlink_to(src_dir)
-        made.append(f"{pkg} -> {src_dir}")
-    for pkg in packages:  # every declared package must now import from the farm
-        if not (project_dir.joinpath(*pkg.split(".")) / "__init__.py").is_file():
-            raise SystemExit(f"package {pkg!r} of pyproject.toml is not in the generated layout")
-    return made
+            folder = repo / Path(*parts)
+        if not (folder / "__init__.py").is_file():
+            raise SystemExit(f"package {pkg!r} of pyproject.toml: {folder} is not a package")
+        folders[pkg] = str(folder.resolve())
+    return folders
 
 
 def write_dist_info(site: Path, meta: dict) -> Path:
-    dist = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
-    for old in site.glob(f"{meta['name'].replace('-', '_')}-*.dist-info"):
+    stem = meta["name"].replace("-", "_")
+    for old in site.glob(f"{stem}-*.dist-info"):
         shutil.rmtree(old)
+    dist = site / f"{stem}-{meta['version']}.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\n"
                                    f"Version: {meta['version']}\n")
@@ -86,15 +116,13 @@ def write_dist_info(site: Path, meta: dict) -> Path:
 
 def write_scripts(bin_dir: Path, scripts: dict, python: str) -> list[str]:
     bin_dir.mkdir(parents=True, exist_ok=True)
-    made = []
     for name, value in scripts.items():
         module, _, func = value.partition(":")
         path = bin_dir / name
         path.write_text(f"#!{python}\nimport sys\nfrom {module} import {func}\n"
                         f"sys.exit({func}())\n")
         path.chmod(0o755)
-        made.append(name)
-    return made
+    return list(scripts)
 
 
 def main(argv=None) -> int:
@@ -106,10 +134,19 @@ def main(argv=None) -> int:
     if not (dest / "site").is_dir():
         raise SystemExit(f"{dest}/site does not exist: unpack the bundle first")
     meta = read_project(repo)
-    links = link_packages(repo, dest / "project", meta["package_dir"], meta["packages"])
+    folders = package_folders(repo, meta["package_dir"], meta["packages"])
+    project = dest / "project"
+    if project.exists():
+        shutil.rmtree(project)
+    project.mkdir()
+    (project / "base_sglang_packages.json").write_text(json.dumps(folders, indent=1) + "\n")
+    (project / "sitecustomize.py").write_text(SITECUSTOMIZE)
     dist = write_dist_info(dest / "site", meta)
     scripts = write_scripts(dest / "bin", meta["scripts"], sys.executable)
-    print(f"registered {meta['name']} {meta['version']} from {repo}: {'; '.join(links)}")
+    moved = [f"{k} -> {Path(v).relative_to(repo)}/" for k, v in folders.items()
+             if Path(v) != repo.joinpath(*k.split("."))]
+    print(f"registered {meta['name']} {meta['version']} from {repo}: {len(folders)} packages "
+          f"({'; '.join(moved)})")
     print(f"  {dist.name}: entry points {sorted(meta['entry_points'])}; scripts {scripts}")
     return 0
 

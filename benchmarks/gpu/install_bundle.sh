@@ -5,9 +5,10 @@
 #   source DEST/env.sh && python3 -m sglang.launch_server ...     (then plain python3 works)
 #
 # 1. unpacks BUNDLE into DEST/site (skipped when DEST already holds this very bundle);
-# 2. registers this checkout without pip (bundle_register.py): DEST/project/base_sglang links
-#    into the repo, DEST/site/base_sglang-*.dist-info/entry_points.txt makes SGLang's
-#    load_plugins() find `base = base_sglang.plugin:register`, DEST/bin has base-serve;
+# 2. registers this checkout without pip (bundle_register.py): DEST/project/sitecustomize.py maps
+#    base_sglang.{kernels,server,calibration} to the repo's folders (from any working directory),
+#    DEST/site/base_sglang-*.dist-info/entry_points.txt makes SGLang's load_plugins() find
+#    `base = base_sglang.plugin:register`, DEST/bin has base-serve;
 # 3. writes DEST/env.sh: PYTHONPATH=DEST/site:DEST/project ahead of the interpreter's
 #    site-packages (so the bundle's transformers 5.12.1 wins over the node's), DEST/bin on PATH,
 #    FlashInfer's JIT cache under DEST/cache, HF hub offline;
@@ -29,6 +30,7 @@ check=${BUNDLE_CHECK:-on}
 case "$check" in on|cpu|off) ;; *) echo "install_bundle.sh: BUNDLE_CHECK must be on, cpu or off" >&2; exit 2 ;; esac
 command -v "$python" >/dev/null || { echo "install_bundle.sh: no $python" >&2; exit 2; }
 mkdir -p "$dest"
+rm -f "$dest/env.sh"  # written again below, only once the bundle is in place
 dest=$(cd "$dest" && pwd)
 
 stamp="$(basename "$bundle") $(stat -c %s "$bundle")"
@@ -38,7 +40,12 @@ else
     echo "== unpack $bundle -> $dest"
     rm -rf "$dest/site" "$dest/BUNDLE_INFO.json" "$dest/.installed"
     start=$SECONDS
-    xz -dc -T0 "$bundle" | tar -C "$dest" -xf -
+    if command -v xz >/dev/null; then
+        xz -dc -T0 "$bundle" | tar -C "$dest" -xf -
+    else  # Python's lzma: slower, same result
+        "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+            "$bundle" "$dest"
+    fi
     [ -d "$dest/site/sglang" ] || { echo "install_bundle.sh: $bundle holds no site/sglang" >&2; exit 1; }
     echo "$stamp" > "$dest/.installed"
     echo "   unpacked in $((SECONDS - start)) s: $(du -sh "$dest/site" | cut -f1)"
@@ -78,7 +85,9 @@ cpu=(); [ "$check" = cpu ] && cpu=(--cpu)
 # shared objects in a process of their own (torch_memory_saver's preload hooks interpose CUDA's
 # allocator in whatever process loads them)
 if ! "$python" "$here/bundle_check.py" --so "$dest/site" --only-so \
-        || ! "$python" "$here/bundle_check.py" "${cpu[@]}" --plugin "$repo"; then
+        || ! "$python" "$here/bundle_check.py" "${cpu[@]}" --plugin "$repo" \
+        || ! (cd "$repo" && "$python" -c 'import base_sglang.kernels, base_sglang.server, base_sglang.calibration
+print("base_sglang imports from the checkout itself too (python -m there)")'); then
     echo "install_bundle.sh: the bundle in $dest does not work here (see above)" >&2
     exit 1
 fi

@@ -63,9 +63,11 @@ step() {
 cat "$OUT/env.txt"
 
 step install 150 bash benchmarks/gpu/install_bundle.sh "$BUNDLE" "$DEST"
-if [ "${RC[install]}" != 0 ]; then
-    echo "the bundle does not work here: see $OUT/install.log"; exit 1
+if [ ! -f "$DEST/env.sh" ]; then
+    echo "the bundle did not install: see $OUT/install.log"; exit 1
 fi
+# a failed check (listed in install.log) still leaves a usable install: go on, the summary says so
+[ "${RC[install]}" = 0 ] || echo "== the bundle check failed (see install.log); running the rest anyway"
 # shellcheck disable=SC1091
 source "$DEST/env.sh"
 

@@ -83,31 +83,48 @@ def test_prune_removes_the_rules_and_strips_symbols(tmp_path):
     assert "sgl_kernel/sm100" in {r["path"] for r in meta["removed"]}
 
 
-def test_registration_makes_the_plugin_discoverable_without_pip(tmp_path):
+@pytest.mark.parametrize("cwd", ["elsewhere", "repo"])
+def test_registration_makes_the_plugin_discoverable_without_pip(tmp_path, cwd):
+    """From any directory, including the checkout itself (where `python -m` finds
+    REPO/base_sglang, which has no kernels/ inside, before anything on PYTHONPATH)."""
     (tmp_path / "site").mkdir()
     assert bundle_register.main([str(ROOT), str(tmp_path)]) == 0
     probe = """
-import importlib.metadata as md, json, base_sglang, base_sglang.kernels, base_sglang.server
+import importlib.metadata as md, json, site, sys
+import sitecustomize  # what site.py imports at startup (-S below skips site.py)
+# the interpreter's packages (torch, ...) without their .pth hooks: no editable install of this
+# project can answer for base_sglang
+sys.path.extend(site.getsitepackages())
+import base_sglang, base_sglang.kernels, base_sglang.server, base_sglang.calibration.proxy
 from base_sglang.plugin import register
 eps = [(e.name, e.value, e.dist.name) for e in md.entry_points(group="sglang.srt.plugins")]
 print(json.dumps({"eps": eps, "base": base_sglang.__file__,
                   "kernels": list(base_sglang.kernels.__path__),
+                  "proxy": base_sglang.calibration.proxy.__file__,
                   "scripts": sorted(e.name for e in md.entry_points(group="console_scripts")
                                     if e.dist.name == "base-sglang")}))
 """
     env = {"PYTHONPATH": f"{tmp_path / 'site'}:{tmp_path / 'project'}", "PATH": "/usr/bin:/bin"}
-    # -S: no site-packages, so nothing but the generated folders can provide base_sglang
     out = subprocess.run([sys.executable, "-S", "-c", probe], env=env, capture_output=True,
-                         text=True)
-    if out.returncode != 0 and "No module named 'torch'" in out.stderr:
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                             text=True, cwd=tmp_path)
+                         text=True, cwd=ROOT if cwd == "repo" else tmp_path)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert ["base", "base_sglang.plugin:register", "base-sglang"] in got["eps"]
-    assert got["base"].startswith(str(tmp_path / "project" / "base_sglang"))
     assert Path(got["base"]).resolve() == ROOT / "base_sglang" / "__init__.py"
     assert [Path(p).resolve() for p in got["kernels"]] == [ROOT / "kernels"]
+    assert Path(got["proxy"]).resolve() == ROOT / "calibration" / "proxy" / "__init__.py"
     assert got["scripts"] == ["base-calibrate", "base-eval", "base-serve"]
     script = (tmp_path / "bin" / "base-serve").read_text()
     assert "from base_sglang.server.__main__ import main" in script
+
+
+def test_registration_chains_to_a_shadowed_sitecustomize(tmp_path):
+    (tmp_path / "site").mkdir()
+    bundle_register.main([str(ROOT), str(tmp_path)])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'project'}:{other}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('CHAINED'))"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.strip() == "yes", out.stderr
