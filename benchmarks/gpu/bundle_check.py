@@ -10,7 +10,9 @@
    backend, the OpenAI protocol and function-call parsers. A missing module fails loudly, naming
    the module and the file that imported it;
 3. compiles an EBNF grammar with xgrammar and has a matcher accept a token, to check that the
-   real library (its stripped bindings) works;
+   real library (its stripped bindings) works; with --tokenizer DIR also SGLang's xgrammar grammar
+   backend: a JSON-schema grammar over that tokenizer masks logits (on CUDA with SGLang's bitmask
+   kernel) and its matcher accepts a token;
 4. with --plugin REPO: BASE's entry point `base` (group sglang.srt.plugins) is discoverable,
    base_sglang imports from REPO, and sglang's own load_plugins() runs `register()` and applies
    every hook of base_sglang.plugin.TARGETS (BASE stays off without BASE_PREDICTOR);
@@ -192,6 +194,44 @@ def _load_one(site: Path, path: Path) -> None:
     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
+def grammar_backend(tokenizer_dir: Path, cpu: bool) -> None:
+    """SGLang's own xgrammar backend: a JSON-schema grammar over a real tokenizer masks the logits
+    (on CUDA through sglang's Triton bitmask kernel) and its matcher accepts the first token."""
+    import torch
+    from transformers import AutoTokenizer
+
+    backend_mod = _import("sglang.srt.constrained.xgrammar_backend")
+    xgr = _import("xgrammar")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = len(tok)
+    backend = backend_mod.XGrammarGrammarBackend(tok, vocab_size=vocab,
+                                                 model_eos_token_ids=[tok.eos_token_id])
+    grammar = backend.dispatch_json('{"type": "object", "properties": {"a": {"type": "integer"}},'
+                                    ' "required": ["a"]}')
+    if type(grammar).__name__ != "XGrammarGrammar":
+        raise CheckFailed(f"xgrammar backend: no grammar compiled ({grammar!r})")
+    if cpu:  # sglang pins the mask and applies it on accelerators only; xgrammar's CPU path
+        mask = xgr.allocate_token_bitmask(1, vocab)
+        grammar.fill_vocab_mask(mask, 0)
+        logits = torch.zeros(1, vocab)
+        xgr.apply_token_bitmask_inplace(logits, mask)
+    else:
+        mask = grammar.allocate_vocab_mask(vocab, 1, "cuda")
+        grammar.fill_vocab_mask(mask, 0)
+        logits = torch.zeros(1, vocab, device="cuda")
+        grammar.apply_vocab_mask(logits, grammar.move_vocab_mask(mask, "cuda"))
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    brace = tok.encode("{", add_special_tokens=False)[0]
+    letter = tok.encode("x", add_special_tokens=False)[0]
+    if brace not in allowed or letter in allowed or len(allowed) >= vocab:
+        raise CheckFailed(f"xgrammar backend: the JSON mask allows {len(allowed)} of {vocab} "
+                          f"tokens ('{{' allowed: {brace in allowed}, 'x': {letter in allowed})")
+    grammar.accept_token(brace)
+    print(f"sglang xgrammar backend: JSON grammar over a {vocab}-token tokenizer allows "
+          f"{len(allowed)} first tokens ('{{' yes, 'x' no) on {'CPU' if cpu else 'CUDA'}; "
+          f"matcher accepted '{{'")
+
+
 def shared_objects(site: Path) -> None:
     """Load every shared object of SITE; those that need libtorch/CUDA where absent are listed."""
     cuda = False
@@ -225,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--so", type=Path, metavar="SITE", help="load every shared object under SITE")
     ap.add_argument("--plugin", type=Path, metavar="REPO",
                     help="check BASE's registration from this checkout and load_plugins()")
+    ap.add_argument("--tokenizer", type=Path, metavar="DIR",
+                    help="also run sglang's xgrammar backend with this tokenizer")
     ap.add_argument("--skip-xgrammar", action="store_true")
     ap.add_argument("--only-so", action="store_true", help="only the shared-object check")
     args = ap.parse_args(argv)
@@ -237,6 +279,8 @@ def main(argv=None) -> int:
         if not args.skip_xgrammar:
             xgrammar_works()
         chain(args.cpu)
+        if args.tokenizer is not None and not args.skip_xgrammar:
+            grammar_backend(args.tokenizer, args.cpu)
         if args.plugin is not None:
             plugin(args.plugin)
     except CheckFailed as exc:

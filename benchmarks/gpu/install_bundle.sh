@@ -86,6 +86,7 @@ cpu=(); [ "$check" = cpu ] && cpu=(--cpu)
 # allocator in whatever process loads them)
 if ! "$python" "$here/bundle_check.py" --so "$dest/site" --only-so \
         || ! "$python" "$here/bundle_check.py" "${cpu[@]}" --plugin "$repo" \
+            --tokenizer "$here/qwen3-30b-a3b" \
         || ! (cd "$repo" && "$python" -c 'import base_sglang.kernels, base_sglang.server, base_sglang.calibration
 print("base_sglang imports from the checkout itself too (python -m there)")'); then
     echo "install_bundle.sh: the bundle in $dest does not work here (see above)" >&2
