@@ -116,10 +116,17 @@ def strip_shared_objects(site: Path) -> list[dict]:
 
 
 def dist_versions(site: Path) -> dict[str, str]:
+    """Name -> Version from every METADATA's header block (the description after it may quote
+    lines that look like headers)."""
     out = {}
     for meta in site.glob("*.dist-info/METADATA"):
-        fields = dict(line.split(": ", 1) for line in meta.read_text(errors="replace").splitlines()
-                      if line.startswith(("Name: ", "Version: ")))
+        fields = {}
+        for line in meta.read_text(errors="replace").splitlines():
+            if not line.strip():
+                break
+            key, sep, value = line.partition(": ")
+            if sep and key in ("Name", "Version"):
+                fields.setdefault(key, value.strip())
         out[fields["Name"]] = fields["Version"]
     return dict(sorted(out.items(), key=lambda kv: kv[0].lower()))
 
