@@ -34,3 +34,12 @@ SGL_VENV="${BASE_SGLANG_VENV:-$HOME/.cache/base-sglang/venv-sglang-0.5.23}"
 "$SGL_VENV/bin/python" -m pip install -q --no-deps -e .
 "$SGL_VENV/bin/python" -m pytest -m "not slow" tests/plugin \
     tests/deploy/test_deploy_dockerfile.py::test_sglang_passthrough_flags_exist_in_the_pinned_sglang "$@"
+# tests/plugin again against sglang 0.5.17, the oldest supported release and the one the H200
+# device runs (benchmarks/gpu/); its own venv (torch 2.14.1 CPU: see
+# tests/plugin/sglang-0.5.17-cpu-requirements.txt). First run ~2 min, then seconds.
+SGL17_VENV="${BASE_SGLANG_0517_VENV:-$HOME/.cache/base-sglang/venv-sglang-0.5.17}"
+[ -x "$SGL17_VENV/bin/python" ] || python -m venv "$SGL17_VENV"
+"$SGL17_VENV/bin/python" -m pip install -q -r tests/plugin/sglang-0.5.17-cpu-requirements.txt
+"$SGL17_VENV/bin/python" -m pip install -q --no-deps sglang==0.5.17
+"$SGL17_VENV/bin/python" -m pip install -q --no-deps -e .
+"$SGL17_VENV/bin/python" -m pytest -m "not slow" tests/plugin "$@"

@@ -16,6 +16,7 @@ from base_sglang.core.predictor import describe_model_config
 from . import state
 from .budget import BUDGET_HEADER, apply_header, token_budgets
 from .checks import UnsupportedConfig, check_model_runners, check_server_args
+from .compat import is_draft_topk, shared_topk_columns
 
 log = logging.getLogger("base_sglang.plugin")
 
@@ -122,14 +123,14 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     st = state.STATE
-    if not st.active or topk.is_draft or type(out) is not StandardTopKOutput:
+    if not st.active or is_draft_topk(topk) or type(out) is not StandardTopKOutput:
         return None
     layer = topk.layer_id
     slot = st.predictor._slot.get(layer)
     if slot is None:
         return None
     n = hidden_states.shape[0]
-    k = topk.topk_config.top_k - topk.topk_config.num_shared_topk_slots  # routed columns
+    k = topk.topk_config.top_k - shared_topk_columns(topk.topk_config)  # routed columns
     ids, w = out.topk_ids[:, :k], out.topk_weights[:, :k]  # [T, K]
     sel = st.select(router_logits, ids, w, hidden_states, st.budget[:n], layer,
                     st.selection, st.predictor, norm_topk_prob=topk.topk_config.renormalize)

@@ -208,8 +208,9 @@ def create_backend(settings) -> SGLangBackend:
     try:
         from sglang.srt.entrypoints.engine import Engine
     except ImportError as exc:
-        raise ValueError(f"backend: sglang 0.5.23 is not importable here ({exc}); "
-                         f"pip install 'base-sglang[sglang]' on a GPU node") from exc
+        raise ValueError(f"backend: sglang (0.5.17 .. 0.5.23) is not importable here ({exc}); "
+                         f"pip install 'base-sglang[sglang]' on a GPU node, or on an offline "
+                         f"one install benchmarks/gpu's bundle") from exc
     os.environ.update(plugin_env(settings, predictor))
     server_args = build_server_args(settings)
     if predictor is not None:

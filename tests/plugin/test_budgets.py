@@ -126,7 +126,10 @@ def test_custom_params_must_be_an_object(base_state):
 
 
 def test_sglang_generate_route_answers_400_naming_the_header(base_state):
-    """SGLang's own /generate handler turns the hook's ValueError into an HTTP 400 body."""
+    """SGLang's own /generate handler turns the hook's ValueError into an HTTP 400 body.
+
+    0.5.23 splits the route into a contract check + `serve_generate_request`; 0.5.17's route
+    function `generate_request` is that second part."""
     import asyncio
     import json
 
@@ -137,8 +140,8 @@ def test_sglang_generate_route_answers_400_naming_the_header(base_state):
     http_server.set_global_state(SimpleNamespace(tokenizer_manager=_manager()))
     try:
         obj = GenerateReqInput(text="hello", sampling_params={"max_new_tokens": 2})
-        resp = asyncio.run(http_server.serve_generate_request(
-            obj, _http_request({"X-Expert-Budget": "0"})))
+        serve = getattr(http_server, "serve_generate_request", http_server.generate_request)
+        resp = asyncio.run(serve(obj, _http_request({"X-Expert-Budget": "0"})))
     finally:
         http_server.set_global_state(previous)
     assert resp.status_code == 400

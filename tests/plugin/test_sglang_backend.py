@@ -41,6 +41,8 @@ def clean_env(monkeypatch):
 
 
 def _settings(model, *backend_args, **fields):
+    # a CPU-only machine: sglang 0.5.17's ServerArgs raises "No accelerator" unless told the device
+    fields.setdefault("device", "cpu")
     return Settings(model=str(model), backend="sglang", backend_args=list(backend_args), **fields)
 
 
