@@ -43,6 +43,8 @@ TARGETS = (  # (target, hook, hook type name)
     (f"{_SRT}.layers.moe.topk.TopK.forward_cuda", hooks.after_topk, "AFTER"),
     (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.after_topk, "AFTER"),
     (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.after_topk, "AFTER"),
+    (f"{_SRT}.layers.moe.moe_runner.triton_utils.fused_moe.fused_experts_impl",
+     hooks.before_fused_experts, "BEFORE"),
 )
 
 

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 from base_sglang.core import SelectionConfig
 
-from .budget import DENSE, parse_budget
+from ..core.budget import DENSE_LABEL, parse_budget
 
 
 @dataclass(frozen=True)
 class PluginConfig:
     predictor: str | None = None
     policy: str = "base"
-    default_budget: int = DENSE
+    default_budget: int | str = DENSE_LABEL  # resolved against E when the predictor loads
     kernels: bool = True
     stats_interval: int = 200
 

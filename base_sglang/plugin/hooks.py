@@ -1,11 +1,14 @@
 """The hook functions `register()` installs (HookRegistry signatures: see plugin/__init__.py).
 
-Processes: `before_generate_request` and `after_server_args` run in the main (HTTP/tokenizer)
-process; the others in each scheduler (= TP worker) process, which owns the model and graphs.
+Processes: `before_check_server_args` and `before_generate_request` (the budget edge: every budget
+is resolved there, once, to an int 1..E) run in the main (HTTP/tokenizer) process; the others in
+each scheduler (= TP worker) process, which owns the model and graphs and reads those ints.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 
 import torch
@@ -42,9 +45,22 @@ def before_generate_request(manager, obj, request=None, *args, **kwargs):
     return None
 
 
-def _num_experts(manager) -> int | None:
+def _num_experts(manager) -> int:
+    """E of the served model: its config, else the predictor file's metadata (the same E: the
+    predictor is checked against the model when it loads)."""
     cfg = getattr(getattr(manager, "model_config", None), "hf_text_config", None)
-    return describe_model_config(cfg)["num_experts"] if cfg is not None else None
+    num = describe_model_config(cfg)["num_experts"] if cfg is not None else None
+    return int(num) if num else _predictor_experts(state.STATE.config.predictor)
+
+
+@functools.cache
+def _predictor_experts(path: str) -> int:
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return int(json.loads(f.metadata()["base_sglang"])["num_experts"])
 
 
 # ---- scheduler process: startup -----------------------------------------------------------------
@@ -100,7 +116,8 @@ def after_forward_batch_init(forward_batch, cls, batch, model_runner, *args, **k
     """ForwardBatch.init_new AFTER: attach the decode rows' budgets (a host list) to the batch."""
     if (state.STATE.enabled and not model_runner.is_draft_worker
             and forward_batch.forward_mode.is_decode()):
-        forward_batch.base_budgets = token_budgets(batch.reqs, state.STATE.config.default_budget)
+        st = state.STATE
+        forward_batch.base_budgets = token_budgets(batch.reqs, st.default_budget, st.num_experts)
     return None
 
 
@@ -111,7 +128,7 @@ def around_forward_raw(original, runner, forward_batch, *args, **kwargs):
         return original(runner, forward_batch, *args, **kwargs)
     budgets = getattr(forward_batch, "base_budgets", None)
     if budgets is None:  # built without init_new: default budgets, never stale graph inputs
-        budgets = [st.config.default_budget] * forward_batch.batch_size
+        budgets = [st.default_budget] * forward_batch.batch_size
     if st.budget is None:  # no init_cuda_graphs call in this runner: eager decode only
         st.ensure_buffer(max(runner.max_running_requests or 1, len(budgets)), runner.device)
     with st.decode_step(budgets):
@@ -141,3 +158,27 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
         new_w = torch.cat([new_w, out.topk_weights[:, k:]], dim=1)
     return out._replace(topk_ids=new_ids, topk_weights=new_w)
 
+
+
+def before_fused_experts(*args, **kwargs):
+    """fused_experts_impl BEFORE: in BASE decode steps the Triton MoE must skip -1 slots.
+
+    SGLang 0.5.17 skips a -1 block only with filter_expert=True, which it passes only under expert
+    parallelism (num_experts != num_local_experts); without it the GEMM reads the weights of expert
+    -1 (an illegal address, seen on the H200). 0.5.23 always skips them. So while BASE is active
+    the flag is forced on; outside BASE's decode steps the call is left as SGLang made it.
+    """
+    if not state.STATE.active:
+        return None
+    bound = _fused_experts_signature().bind(*args, **kwargs)
+    if bound.arguments.get("filter_expert", False):
+        return None
+    bound.arguments["filter_expert"] = True
+    return bound.args, bound.kwargs
+
+
+@functools.cache
+def _fused_experts_signature() -> inspect.Signature:
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    return inspect.signature(fused_moe.fused_experts_impl)  # follows the hook's __wrapped__

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from base_sglang.core import Predictor, SelectionConfig, select_experts
+from base_sglang.core.budget import resolve_budget
 
 from .config import PluginConfig
 
@@ -34,6 +35,7 @@ class PluginState:
     predictor: Predictor | None = None  # on the model's device; None = BASE off in this process
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     num_experts: int = 0
+    default_budget: int = 0  # budget of requests that set none, 1..E (E = dense)
     select: Callable = select_experts  # core, or base_sglang.kernels.base_select_experts
     budget: torch.Tensor | None = None  # [N] int32 on the model's device, -1 = padded row
     active: bool = False  # inside a target-model decode forward (or decode-graph capture)
@@ -51,6 +53,8 @@ class PluginState:
         self.predictor = predictor.to(device)
         self.selection = SelectionConfig(policy=config.policy)
         self.num_experts = predictor.meta.num_experts
+        self.default_budget = resolve_budget(config.default_budget, "BASE_DEFAULT_BUDGET",
+                                             self.num_experts)
         self.select = _select_fn(config, device)
         num_layers = len(predictor.meta.moe_layers)
         self.num_kept = torch.zeros(num_layers, dtype=torch.int64, device=device)

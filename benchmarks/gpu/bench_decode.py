@@ -29,7 +29,6 @@ SGLang's ServerArgs parser unchanged.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -170,10 +169,9 @@ class Bench:
         except ImportError:  # older layout
             import sglang.bench_one_batch as ob
         self.ob = ob
-        from base_sglang.core.budget import DENSE
         from base_sglang.plugin import state
 
-        self.DENSE, self.state = DENSE, state
+        self.state = state
         clock.lap("import sglang + load_plugins")
         parser = argparse.ArgumentParser()
         ob.ServerArgs.add_cli_args(parser)
@@ -245,9 +243,8 @@ class Bench:
     def set_budget(self, budget) -> None:
         if budget == "off":
             return
-        st = self.state.STATE
-        value = self.DENSE if budget == "dense" else int(budget)
-        st.config = dataclasses.replace(st.config, default_budget=value)
+        st = self.state.STATE  # the default budget is what requests without one get (1..E)
+        st.default_budget = st.num_experts if budget == "dense" else int(budget)
 
     def reset_counters(self) -> None:
         st = self.state.STATE

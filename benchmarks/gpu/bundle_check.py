@@ -232,6 +232,14 @@ def grammar_backend(tokenizer_dir: Path, cpu: bool) -> None:
           f"matcher accepted '{{'")
 
 
+# Shared objects a run never loads, with the reason (checked: nothing imports them).
+NOT_LOADED = {
+    "torch_memory_saver_hook_mode_":
+        "torch_memory_saver's hook libraries, linked against CUDA 12's libcudart (the device has "
+        "CUDA 13); loaded only with --enable-memory-saver, which these runs do not use",
+}
+
+
 def shared_objects(site: Path) -> None:
     """Load every shared object of SITE; those that need libtorch/CUDA where absent are listed."""
     cuda = False
@@ -244,6 +252,11 @@ def shared_objects(site: Path) -> None:
     sys.path.insert(0, str(site))
     for path in sorted(site.rglob("*.so*")):
         if not path.is_file() or path.is_symlink() or ".dist-info" in path.parts[0]:
+            continue
+        reason = next((why for prefix, why in NOT_LOADED.items() if path.name.startswith(prefix)),
+                      None)
+        if reason is not None:
+            skipped.append(f"{path.relative_to(site)} ({reason})")
             continue
         try:
             _load_one(site, path)

@@ -284,17 +284,16 @@ def _gap_at(gaps: list[float], pos: int):
     return gaps[pos] if pos < len(gaps) else None
 
 
-def budget_checks(s1: dict, budgets: list[int]) -> dict:
-    """Per budget: decode-step records under it, max experts any layer executed, pass/fail."""
-    from base_sglang.core.budget import DENSE
-
+def budget_checks(s1: dict, budgets: list[int], num_experts: int = 64) -> dict:
+    """Per budget: decode-step records under it, max experts any layer executed, pass/fail.
+    Budgets reach the plugin resolved (1..E, dense = E)."""
     trace = s1.get("trace", [])
     out = {}
     for label in [*map(str, sorted(budgets)), DENSE_LABEL]:
-        m = DENSE if label == DENSE_LABEL else int(label)
+        m = num_experts if label == DENSE_LABEL else int(label)
         recs = [r for r in trace if r["max_budget"] == m]
         kept = [k for r in recs for k in r["kept"]]
-        over = [r for r in recs if any(k > min(m, DENSE) for k in r["kept"])]
+        over = [r for r in recs if any(k > m for k in r["kept"])]
         not_union = [r for r in recs if label == DENSE_LABEL and r["kept"] != r["union"]]
         more_than_union = [r for r in recs if any(k > u for k, u in zip(r["kept"], r["union"]))]
         n_out = len((s1["outputs"].get(label) or [{}])[0].get("ids", []))
@@ -314,7 +313,6 @@ def native_engine(args, prompts, n_new, sgl_outputs) -> dict:
     SGLang's outputs (information: a BASE choice can flip under bf16, then sequences part)."""
     import torch
 
-    from base_sglang.core.budget import DENSE
     from base_sglang.engine import EngineConfig, LLMEngine, SamplingParams
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -323,8 +321,7 @@ def native_engine(args, prompts, n_new, sgl_outputs) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
     res = {}
     for label in [DENSE_LABEL, *map(str, sorted(args.budgets))]:
-        budget = DENSE if label == DENSE_LABEL else int(label)
-        outs = eng.generate(prompts, params, budget=budget)
+        outs = eng.generate(prompts, params, budget=label)  # "dense" or the int, as over HTTP
         sgl = sgl_outputs.get(label, [])
         res[label] = {"prefix_match_with_sglang": [prefix_match(o[0], s["ids"])
                                                    for o, s in zip(outs, sgl)],

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 
 from base_sglang.core import Predictor
-from base_sglang.plugin.budget import BUDGET_KEY, parse_budget
+from base_sglang.core.budget import resolve_budget
+from base_sglang.plugin.budget import BUDGET_KEY
 from base_sglang.plugin.checks import check_server_args
 from base_sglang.protocol import RequestOutput, TokenLogprob
 
@@ -192,7 +193,7 @@ def preflight(settings) -> tuple[str | None, int]:
     num_experts = describe_model_config(config)["num_experts"]
     if not num_experts:
         raise ValueError(f"model: {model} is not a MoE model (no num_experts in config.json)")
-    parse_budget(settings.default_budget, "default_budget", num_experts)
+    resolve_budget(settings.default_budget, "default_budget", num_experts)
     predictor = settings.predictor or str(model / "predictor.safetensors")
     if not Path(predictor).is_file():
         if settings.predictor is None and settings.policy == "dense":

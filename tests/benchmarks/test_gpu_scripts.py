@@ -314,8 +314,7 @@ def _s1(trace, n_out=4):
 
 
 def test_budget_checks_pass_and_fail():
-    from base_sglang.core.budget import DENSE
-
+    DENSE = 64  # budgets reach the plugin resolved: dense = E (the proxy's 64 experts)
     ok = [{"max_budget": 2, "kept": [2, 1], "union": [5, 3]}] * 3 + \
          [{"max_budget": 4, "kept": [4, 3], "union": [5, 3]}] * 3 + \
          [{"max_budget": DENSE, "kept": [5, 3], "union": [5, 3]}] * 3

@@ -95,12 +95,12 @@ import sitecustomize  # what site.py imports at startup (-S below skips site.py)
 # the interpreter's packages (torch, ...) without their .pth hooks: no editable install of this
 # project can answer for base_sglang
 sys.path.extend(site.getsitepackages())
-import base_sglang, base_sglang.kernels, base_sglang.server, base_sglang.calibration.proxy
+import base_sglang, base_sglang.kernels, base_sglang.server, base_sglang.server.routes
 from base_sglang.plugin import register
 eps = [(e.name, e.value, e.dist.name) for e in md.entry_points(group="sglang.srt.plugins")]
 print(json.dumps({"eps": eps, "base": base_sglang.__file__,
                   "kernels": list(base_sglang.kernels.__path__),
-                  "proxy": base_sglang.calibration.proxy.__file__,
+                  "routes": base_sglang.server.routes.__file__,
                   "scripts": sorted(e.name for e in md.entry_points(group="console_scripts")
                                     if e.dist.name == "base-sglang")}))
 """
@@ -112,7 +112,7 @@ print(json.dumps({"eps": eps, "base": base_sglang.__file__,
     assert ["base", "base_sglang.plugin:register", "base-sglang"] in got["eps"]
     assert Path(got["base"]).resolve() == ROOT / "base_sglang" / "__init__.py"
     assert [Path(p).resolve() for p in got["kernels"]] == [ROOT / "kernels"]
-    assert Path(got["proxy"]).resolve() == ROOT / "calibration" / "proxy" / "__init__.py"
+    assert Path(got["routes"]).resolve() == ROOT / "server" / "routes" / "__init__.py"
     assert got["scripts"] == ["base-calibrate", "base-eval", "base-serve"]
     script = (tmp_path / "bin" / "base-serve").read_text()
     assert "from base_sglang.server.__main__ import main" in script

@@ -17,7 +17,7 @@ from test_budgets import _generate, _scheduled_req
 
 from base_sglang.core import PredictorMismatch
 from base_sglang.engine import SamplingParams
-from base_sglang.plugin.budget import DENSE, token_budgets
+from base_sglang.plugin.budget import token_budgets
 from base_sglang.plugin.checks import UnsupportedConfig
 from base_sglang.server.backends import sglang as backend
 from base_sglang.server.settings import Settings
@@ -105,7 +105,7 @@ def test_unsupported_sglang_settings_are_refused_before_the_engine_starts(
     assert os.environ["SGLANG_PLUGINS"] == "other,base"
 
 
-@pytest.mark.parametrize("budget, want", [(3, 3), (DENSE, DENSE), (None, 5)])
+@pytest.mark.parametrize("budget, want", [(3, 3), (E, E), (None, 5)])
 def test_budget_reaches_sglang_requests(base_state, budget, want):
     """sampling params -> the plugin's generate_request hook -> SGLang SamplingParams -> Req."""
     params = SamplingParams(temperature=0.0, max_tokens=7, stop=("\n",), top_k=20, seed=3)
@@ -115,7 +115,7 @@ def test_budget_reaches_sglang_requests(base_state, budget, want):
     obj = _generate(sp)  # the same call Engine.async_generate makes (no HTTP request)
     req = _scheduled_req("r", obj.sampling_params)
     assert req.sampling_params.max_new_tokens == 7
-    assert token_budgets([req], default=5) == [want]  # 5 = BASE_DEFAULT_BUDGET fallback
+    assert token_budgets([req], default=5, num_experts=E) == [want]  # 5: the default budget
 
 
 def _chunk(text, ids, completion_tokens, finish=None, logprobs=None):
@@ -141,9 +141,9 @@ def test_request_output_maps_sglang_stream_chunks():
                                          logprobs=[(-0.2, 6), (-0.3, 7)]), "r", 3, params, False)
     assert (last.finished, last.finish_reason, last.num_output_tokens) == (True, "length", 3)
     assert last.prompt_logprobs is None and [lp.token_id for lp in last.logprobs] == [6, 7]
-    stop = backend.request_output(_chunk("", [], 1, {"type": "stop", "matched": 2}), "r", None,
+    stop = backend.request_output(_chunk("", [], 1, {"type": "stop", "matched": 2}), "r", E,
                                   SamplingParams(), False)
-    assert stop.finish_reason == "stop" and stop.budget == DENSE and stop.logprobs is None
+    assert stop.finish_reason == "stop" and stop.budget == E and stop.logprobs is None
     abort = backend.request_output(_chunk("", [], 1, {"type": "abort", "message": "x"}), "r", 2,
                                    SamplingParams(), False)
     assert abort.finish_reason == "abort"
@@ -158,6 +158,7 @@ class FakeEngine:
         self.calls, self.aborted, self.stopped = [], [], False
         self.tokenizer_manager = SimpleNamespace(context_len=256, tokenizer=tokenizer,
                                                  rid_to_state={}, abort_request=self._abort)
+        self.server_args = SimpleNamespace(model_path="tiny", tp_size=1, max_running_requests=8)
 
     def _abort(self, rid):
         self.aborted.append(rid)
@@ -204,7 +205,7 @@ def test_openai_routes_over_the_sglang_backend(plugin_env, tiny_model):
         assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events
                        if e.get("choices")) == "Hello world"
         assert "custom_params" in engine.calls[-1]["sampling_params"]
-        assert engine.calls[-1]["sampling_params"]["custom_params"]["expert_budget"] == DENSE
+        assert engine.calls[-1]["sampling_params"]["custom_params"]["expert_budget"] == E  # dense
 
         r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
         assert engine.calls[-1]["sampling_params"]["custom_params"] == {"expert_budget": 6}

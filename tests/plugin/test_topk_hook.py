@@ -178,3 +178,21 @@ def test_revert_restores_sglang_and_register_reapplies(base_state):
         HookRegistry.apply_hooks()
     assert all(t in HookRegistry._patched for t, _, _ in TARGETS)
     assert hasattr(TopK.forward_native, "__wrapped__")
+
+
+def test_fused_moe_skips_dropped_slots_in_base_steps(base_state):
+    """SGLang 0.5.17's Triton MoE reads expert -1's weights unless filter_expert=True (it passes
+    True only under EP): the hook forces it in BASE decode steps and leaves other calls alone."""
+    import inspect
+
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    sig = inspect.signature(fused_moe.fused_experts_impl)
+    x, w1, w2, w, ids = (torch.zeros(1) for _ in range(5))
+    call = sig.bind(x, w1, w2, w, ids, filter_expert=False)
+    assert hooks.before_fused_experts(*call.args, **call.kwargs) is None  # not a BASE step
+    with base_state.decode_step([2]):
+        args, kwargs = hooks.before_fused_experts(*call.args, **call.kwargs)
+        assert sig.bind(*args, **kwargs).arguments["filter_expert"] is True
+        fine = sig.bind(x, w1, w2, w, ids, filter_expert=True)
+        assert hooks.before_fused_experts(*fine.args, **fine.kwargs) is None  # already True
