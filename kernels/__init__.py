@@ -1,8 +1,8 @@
 """Triton kernels for BASE (installed as base_sglang.kernels).
 
-    base_score           predicted removal cost of each routed (token, expert) pair
-    base_select          batch score, top-M kept set, backfill and combine weights (one launch)
-    base_select_experts  base_score + base_select with base_sglang.core.select_experts' signature
+    base_select          routed pairs' removal costs, batch score, top-M kept set, backfill and
+                         combine weights, in one launch
+    base_select_experts  base_select with base_sglang.core.select_experts' signature
     moe_align            (token, expert) pairs grouped by expert into GEMM blocks, kept experts only
     moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
     moe_combine          weighted sum of each token's pair outputs (deterministic)
@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
-    "base_score": "base_score",
     "base_select": "base_select",
     "base_select_experts": "select_experts",
     "moe_align": "moe_align",

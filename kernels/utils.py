@@ -28,6 +28,28 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+_TICKETS: dict[tuple, torch.Tensor] = {}
+
+
+def ticket_buffer(device: torch.device) -> torch.Tensor:
+    """A zeroed int32 counter per (device, current stream) for "the last program selects" kernels.
+
+    The kernel that draws tickets resets the counter to 0 before it exits, so it stays zeroed
+    between calls and graph replays; launches on one stream are serialised (under PDL every ticket
+    is drawn after the previous grid completed). Under graph capture without an eager call on the
+    capturing stream first, a fresh counter is zeroed inside the graph (one memset node per call)
+    and not cached: warm up on the capture stream, as SGLang does, to keep the graph memset-free.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _TICKETS.get(key)
+    if buf is None:
+        buf = torch.zeros(1, dtype=torch.int32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _TICKETS[key] = buf
+    return buf
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
