@@ -24,6 +24,20 @@ def use_pdl(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+_NUM_SMS: dict[str, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of the device (the persistent grids' size); 4 under the CPU interpreter, so
+    the tests run several items per program."""
+    if device.type != "cuda" or is_interpreter():
+        return 4
+    key = str(device)
+    if key not in _NUM_SMS:
+        _NUM_SMS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _NUM_SMS[key]
+
+
 def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
