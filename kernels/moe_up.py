@@ -47,10 +47,10 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
 def _moe_up_kernel(
     hidden_ptr, ids_ptr, w_ptr, gu_ptr, act_ptr,
     blk_e_ptr, blk_pair_ptr, blk_tok_ptr, blk_w_ptr, nblk_ptr,
-    T, H, I, stride_ht, stride_ge, stride_gn,  # noqa: E741
+    T, H, I, stride_ht, stride_ge, stride_gn, num_progs,  # noqa: E741
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, NUM_PROGS: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -81,7 +81,7 @@ def _moe_up_kernel(
     n_tiles = tl.cdiv(I, BLOCK_N)
 
     # ---- (n-tile, block) items, round-robin over the programs, one flattened pipelined loop ----
-    for item in tl.range(pid, num_blocks * n_tiles, NUM_PROGS, flatten=True):
+    for item in tl.range(pid, num_blocks * n_tiles, num_progs, flatten=True):
         j = item // num_blocks
         b = item - j * num_blocks
         e = tl.sum((cnb <= b).to(tl.int32), axis=0)  # [] expert of block b
@@ -179,10 +179,10 @@ def moe_up(
     _moe_up_kernel[(grid,)](
         hidden, ids, weights, gate_up, act,
         blocks.blk_e, blocks.blk_pair, blocks.blk_tok, blocks.blk_w, blocks.nblk,
-        T, H, I, hidden.stride(0), gate_up.stride(0), gate_up.stride(1),
+        T, H, I, hidden.stride(0), gate_up.stride(0), gate_up.stride(1), grid,
         E=E, K=K, BLOCK_E=triton.next_power_of_2(E), BLOCK_KK=triton.next_power_of_2(K),
         BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_P=triton.next_power_of_2(P),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NUM_PROGS=grid,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=H % block_k == 0, DOT_F32=is_interpreter(), USE_PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl))
     return blocks
