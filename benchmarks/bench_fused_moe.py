@@ -56,6 +56,7 @@ CANDIDATES = {  # name -> DecodeConfig; "default" is the library default
     "k128": DecodeConfig(up_k=128, up_stages=6, down_k=128, down_stages=8),
     "up_n32": DecodeConfig(up_n=32, up_stages=4),
     "bm32": DecodeConfig(block_m=32, up_stages=4, down_stages=5),
+    "noflat": DecodeConfig(flatten=False),
 }
 
 

@@ -12,7 +12,8 @@ checks, so an element a kernel fails to write cannot pass.
 3. two streams: selections interleaved on two streams (separate ticket counters) == eager.
 4. dropped experts' weights set to NaN: the fused MoE output is finite and matches the reference.
 5. fused_moe vs an fp32 reference at the three shapes, T in {1, 16, 64} (2-launch decode path) and
-   T=128 (4-launch blocked path); run-to-run bitwise equal; int32 == int64 ids; decode == blocked.
+   T=128 (4-launch blocked path); run-to-run bitwise equal; at T=16 also int32 == int64 ids,
+   decode == blocked, and the decode path without loop flattening vs the reference.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
 """
 
@@ -38,7 +39,7 @@ from base_sglang.core import (  # noqa: E402
     select_experts,
 )
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
-from base_sglang.kernels.fused_moe import MoeConfig  # noqa: E402
+from base_sglang.kernels.fused_moe import DecodeConfig, MoeConfig  # noqa: E402
 
 RESULTS: list[dict] = []
 TOKENS = (1, 16, 64) if DEVICE == "cuda" else (1, 16)
@@ -239,9 +240,14 @@ def check_fused_moe() -> None:
             if T == 16:
                 y64 = fused_moe(hidden, ids.long(), r.weights, gate_up, down)
                 yb = fused_moe(hidden, ids, r.weights, gate_up, down, config=MoeConfig(decode=None))
+                with poisoned_outputs():
+                    yn = fused_moe(hidden, ids, r.weights, gate_up, down,
+                                   config=MoeConfig(decode=DecodeConfig(flatten=False)))
                 info.update(int64_ids_equal=torch.equal(y1, y64),
-                            decode_vs_blocked=((y1.float() - yb.float()).norm() / ref.norm()).item())
-                ok = ok and torch.equal(y1, y64) and info["decode_vs_blocked"] < REL_TOL
+                            decode_vs_blocked=((y1.float() - yb.float()).norm() / ref.norm()).item(),
+                            unflattened_vs_fp32=((yn.float() - ref).norm() / ref.norm()).item())
+                ok = (ok and torch.equal(y1, y64) and info["decode_vs_blocked"] < REL_TOL
+                      and info["unflattened_vs_fp32"] < REL_TOL)
             record(f"fused_moe/{shape}/T={T}", ok, **info)
         del gate_up, down
 

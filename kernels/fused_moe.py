@@ -41,6 +41,7 @@ class DecodeConfig:
     down_warps: int = 4
     down_stages: int = 6  # 5 buffers in flight: ~40 KB of weights per SM
     programs_per_sm: int = 1  # moe_up's persistent grid
+    flatten: bool = True  # one software-pipelined loop across work items (tl.range(flatten=True))
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,9 @@ def fused_moe(
         act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
         blocks = moe_up(hidden, ids, weights, gate_up, act, block_m=d.block_m, block_n=d.up_n,
                         block_k=d.up_k, num_warps=d.up_warps, num_stages=d.up_stages,
-                        programs_per_sm=d.programs_per_sm)
+                        programs_per_sm=d.programs_per_sm, flatten=d.flatten)
         return moe_down(act, down, blocks, out, block_n=d.down_n, block_k=d.down_k,
-                        num_warps=d.down_warps, num_stages=d.down_stages)
+                        num_warps=d.down_warps, num_stages=d.down_stages, flatten=d.flatten)
     blocks = moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up)

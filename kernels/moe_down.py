@@ -26,7 +26,7 @@ def _moe_down_kernel(
     act_ptr, down_ptr, y_ptr, blk_e_ptr, blk_pair_ptr, blk_tok_ptr, blk_w_ptr, nblk_ptr,
     T, H, I, stride_de, stride_dn, stride_yt,  # noqa: E741
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, USE_PDL: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, FLATTEN: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     h0 = tl.program_id(0) * BLOCK_N
     if USE_PDL:  # wait for moe_up, then let the next launch start early
@@ -39,7 +39,7 @@ def _moe_down_kernel(
     ks = tl.arange(0, BLOCK_K)  # [BK]
     nmask = h0 + ns < H
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # [BT, BN] y columns h0.. of every token
-    for b in tl.range(0, num_blocks, flatten=True):
+    for b in tl.range(0, num_blocks, flatten=FLATTEN):
         e = tl.load(blk_e_ptr + b).to(tl.int64)
         pair = tl.load(blk_pair_ptr + b * BLOCK_M + rs)  # [BM] -1 past the block's last pair
         row_ok = pair >= 0
@@ -88,6 +88,7 @@ def moe_down(
     block_k: int = 256,
     num_warps: int = 4,
     num_stages: int = 4,
+    flatten: bool = True,
 ) -> torch.Tensor:
     """y = sum over kept slots of w * down_e(act), every output element written."""
     T, H = out.shape
@@ -106,6 +107,7 @@ def moe_down(
         act, down, out, blocks.blk_e, blocks.blk_pair, blocks.blk_tok, blocks.blk_w, blocks.nblk,
         T, H, I, down.stride(0), down.stride(1), out.stride(0),
         BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_M=blocks.block_m, BLOCK_N=bn,
-        BLOCK_K=block_k, EVEN_K=I % block_k == 0, DOT_F32=is_interpreter(), USE_PDL=pdl,
+        BLOCK_K=block_k, EVEN_K=I % block_k == 0, DOT_F32=is_interpreter(), FLATTEN=flatten,
+        USE_PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl))
     return out

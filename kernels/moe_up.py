@@ -1,8 +1,8 @@
 """Decode MoE, launch 1 of 2: the align folded into a persistent gate/up GEMM with SiLU*up.
 
-No separate align launch: every program histograms the T*K ids itself (tl.histogram, integers:
-deterministic) and derives the same block list, experts in ascending id, each split in blocks of
-BLOCK_M of its pairs in ascending pair order:
+No separate align launch: every program counts the T*K ids per expert itself (one-hot integer sums,
+as moe_align: deterministic) and derives the same block list, experts in ascending id, each split in
+blocks of BLOCK_M of its pairs in ascending pair order:
     nb[e] = ceil(count[e] / BLOCK_M), blocks of e = [first[e], first[e] + nb[e])
 Work items are (n-tile j of I, block b), numbered j-major (the blocks of one expert for one n-tile
 run side by side, so a second block of a popular expert re-reads its weight tile from L2), and the
@@ -50,7 +50,7 @@ def _moe_up_kernel(
     T, H, I, stride_ht, stride_ge, stride_gn, num_progs,  # noqa: E741
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, FLATTEN: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -59,11 +59,13 @@ def _moe_up_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     # ---- the align, in registers: per-expert counts and block offsets -------------------------
     P = T * K
-    ps = tl.arange(0, BLOCK_P)  # [BP] flat pairs
-    flat = tl.load(ids_ptr + ps, mask=ps < P, other=-1).to(tl.int32)
-    ok = (ps < P) & (flat >= 0) & (flat < E)
     es = tl.arange(0, BLOCK_E)  # [BE]
-    count = tl.histogram(tl.where(ok, flat, 0), BLOCK_E, mask=ok)  # [BE] kept pairs per expert
+    count = tl.zeros([BLOCK_E], dtype=tl.int32)  # [BE] kept pairs per expert
+    for p0 in range(0, P, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)  # [BP] flat pairs
+        e_p = tl.load(ids_ptr + ps, mask=ps < P, other=-1).to(tl.int32)
+        hit = (e_p[:, None] == es[None, :]) & (es < E)[None, :]  # [BP, BE] (-1 matches nothing)
+        count += tl.sum(hit.to(tl.int32), axis=0)
     nb = (count + BLOCK_M - 1) // BLOCK_M  # [BE] blocks per expert
     cnb = tl.cumsum(nb, axis=0)  # [BE] inclusive
     first = cnb - nb  # [BE] first block of each expert
@@ -81,7 +83,7 @@ def _moe_up_kernel(
     n_tiles = tl.cdiv(I, BLOCK_N)
 
     # ---- (n-tile, block) items, round-robin over the programs, one flattened pipelined loop ----
-    for item in tl.range(pid, num_blocks * n_tiles, num_progs, flatten=True):
+    for item in tl.range(pid, num_blocks * n_tiles, num_progs, flatten=FLATTEN):
         j = item // num_blocks
         b = item - j * num_blocks
         e = tl.sum((cnb <= b).to(tl.int32), axis=0)  # [] expert of block b
@@ -148,6 +150,7 @@ def moe_up(
     num_warps: int = 4,
     num_stages: int = 4,
     programs_per_sm: int = 1,
+    flatten: bool = True,
 ) -> DecodeBlocks:
     """Gate/up GEMM + SiLU*up over the kept pairs; returns the block table moe_down consumes."""
     T, H = hidden.shape
@@ -181,8 +184,9 @@ def moe_up(
         blocks.blk_e, blocks.blk_pair, blocks.blk_tok, blocks.blk_w, blocks.nblk,
         T, H, I, hidden.stride(0), gate_up.stride(0), gate_up.stride(1), grid,
         E=E, K=K, BLOCK_E=triton.next_power_of_2(E), BLOCK_KK=triton.next_power_of_2(K),
-        BLOCK_T=max(16, triton.next_power_of_2(T)), BLOCK_P=triton.next_power_of_2(P),
+        BLOCK_T=max(16, triton.next_power_of_2(T)),
+        BLOCK_P=max(16, min(triton.next_power_of_2(P), 4096 // triton.next_power_of_2(E))),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=H % block_k == 0, DOT_F32=is_interpreter(), USE_PDL=pdl,
+        EVEN_K=H % block_k == 0, DOT_F32=is_interpreter(), FLATTEN=flatten, USE_PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **launch_kwargs(pdl))
     return blocks

@@ -90,6 +90,7 @@ def test_one_expert_spans_several_blocks(config):
     MoeConfig(block_m=16, up=GemmConfig(32, 64, 4, 2), down=GemmConfig(64, 64, 4, 2), decode=None),
     MoeConfig(decode=DecodeConfig(up_n=32, up_k=32, down_n=32, down_k=16)),
     MoeConfig(decode=DecodeConfig(up_n=16, up_k=16, down_n=16, down_k=32, programs_per_sm=2)),
+    MoeConfig(decode=DecodeConfig(up_k=16, down_k=16, flatten=False)),
 ])
 def test_tile_configs(config):
     y, ref, _ = run(9, 5, 2, H=48, I=40, seed=4, config=config)  # H, I not multiples of BLOCK_K
