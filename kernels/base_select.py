@@ -252,8 +252,10 @@ def select_blocks(T: int, E: int, K: int, H: int) -> dict:
     block_h = triton.next_power_of_2(H)
     # row chunk: [BLOCK_T, BLOCK_E] tiles of 2K elements (8 fp32 registers each at 8 warps); at 4K
     # the selection rows spill (ptxas, sm_90a: 255 registers + local memory at E=128)
-    block_t = max(16, min(64, 2048 // block_e, triton.next_power_of_2(max(T, 1))))
-    rows = max(1, min(8, 16384 // block_h))  # [ROWS, BLOCK_H] fp32 hidden rows per dot group
+    block_t = max(16, min(64 if block_h <= 2048 else 32, 2048 // block_e,
+                          triton.next_power_of_2(max(T, 1))))
+    # [ROWS, BLOCK_H] fp32 hidden rows per dot group: 16K elements spill past H=2048 (sm_90a)
+    rows = max(1, min(8, (16384 if block_h <= 2048 else 8192) // block_h))
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 BLOCK_H=block_h, ROWS=rows, num_warps=8 if block_h * rows >= 8192 else 4)
 
