@@ -19,8 +19,9 @@ Grid: one program per expert e (E programs), then the last program to finish doe
                slot), -1 pads; weights renormalised ("always") or the model's own weights for routed
                experts and p * (sum w / sum p_routed) for backfilled ones ("never"); a row whose ids
                did not change keeps its weights bit-exactly; padded rows: ids -1, weights 0.
-The first row chunk (its ids, weights, logits and budgets) is loaded by every program before the
-ticket, so the last one only waits for D. ids match the core exactly, weights to fp32 rounding.
+The first row chunk (its ids, weights, logits, the logits at the routed ids, budgets) is loaded by
+every program before the ticket, so the last one only waits for D; per-slot lookups (is the slot's
+expert kept, its logit) are gathers from memory rather than reductions over [T, K] x [E] tiles. ids match the core exactly, weights to fp32 rounding.
 Shape legend: T tokens, K slots, E experts, H hidden.
 """
 
@@ -43,52 +44,45 @@ from base_sglang.kernels.utils import (
 
 @triton.jit
 def _select_rows(
-    t0, ids_t, w_t, logit, real, in_s, T,
-    out_ids_ptr, out_w_ptr,
+    t0, ids_t, w_t, l_own, logit, real, in_s, T,
+    ids_ptr, in_s_ptr, out_ids_ptr, out_w_ptr,
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, BACKFILL: tl.constexpr, RENORM: tl.constexpr,
 ):
-    """New ids and weights of one chunk of BLOCK_T token rows (tiles already loaded)."""
+    """New ids and weights of one chunk of BLOCK_T token rows (tiles already loaded; in_s already
+    stored at in_s_ptr). Per-slot lookups (kept?, router logit) are gathers from memory, not
+    [BT, KK] x [BE] reductions over register tiles."""
     ts = t0 + tl.arange(0, BLOCK_T)  # [BT]
     tmask = ts < T
     es = tl.arange(0, BLOCK_E)  # [BE]
     emask = es < E
     kk = tl.arange(0, BLOCK_KK)  # [KK] slot ids (also output slot ids j)
     kmask = kk < K
-    slot_ok = (ids_t >= 0) & kmask[None, :]  # [BT, KK] raw ids >= 0
+    slot_ok = (ids_t >= 0) & (ids_t < E) & kmask[None, :] & tmask[:, None]  # [BT, KK] routed slots
     w_t = tl.where(slot_ok, w_t, 0.0)  # the core zeroes the weights of -1 slots
 
     # router softmax p = exp(logit - mx) / s, evaluated only where needed (no [BT, BE] p tile)
     mx = tl.max(logit, axis=1)  # [BT]
     s = tl.sum(tl.where(emask[None, :], tl.exp(logit - mx[:, None]), 0.0), axis=1)  # [BT]
-
-    # own slots: the kept ones move to the front in slot order (backfill) or stay put (drop only)
-    cand = in_s[None, :] & tmask[:, None]  # [BT, BE] kept experts the token did not route
-    new = tl.full([BLOCK_T, BLOCK_KK], -1, dtype=tl.int32)  # [BT, KK] output ids, -1 = empty
-    p_new = tl.zeros([BLOCK_T, BLOCK_KK], dtype=tl.float32)  # [BT, KK] p of the output experts
-    w_own = tl.zeros([BLOCK_T, BLOCK_KK], dtype=tl.float32)  # [BT, KK] model weight of own ones
-    n_own = tl.zeros([BLOCK_T], dtype=tl.int32)  # [BT] kept own slots so far
-    total_p = tl.zeros([BLOCK_T], dtype=tl.float32)  # [BT] p summed over the routed slots
-    for k in range(K):  # a real loop: unrolled, its [BT, BE] tiles would all be live at once
-        col = kk[None, :] == k  # [1, KK]
-        e_k = tl.sum(tl.where(col, ids_t, 0), axis=1)  # [BT] slot k's id (-1 never matches)
-        w_k = tl.sum(tl.where(col, w_t, 0.0), axis=1)  # [BT]
-        hit = e_k[:, None] == es[None, :]  # [BT, BE]
-        cand = cand & (hit == 0)
-        kept_k = tl.max((hit & in_s[None, :]).to(tl.int32), axis=1)  # [BT] 1 = slot k kept
-        l_k = tl.sum(tl.where(hit, logit, 0.0), axis=1)  # [BT]
-        p_e = tl.where(e_k >= 0, tl.exp(l_k - mx) / s, 0.0)  # [BT]
-        total_p += p_e
-        dst = n_own if BACKFILL else k + 0 * n_own  # [BT] output slot of own slot k
-        at = (kk[None, :] == dst[:, None]) & (kept_k > 0)[:, None]  # [BT, KK]
-        new = tl.where(at, e_k[:, None], new)
-        p_new = tl.where(at, p_e[:, None], p_new)
-        w_own = tl.where(at, w_k[:, None], w_own)
-        n_own += kept_k
-    is_own = new >= 0  # [BT, KK]
+    p_k = tl.where(slot_ok, tl.exp(l_own - mx[:, None]) / s[:, None], 0.0)  # [BT, KK] own slots
+    kept = tl.load(in_s_ptr + tl.where(slot_ok, ids_t, 0), mask=slot_ok, other=0,
+                   cache_modifier=".cg") > 0  # [BT, KK] own slot in S
 
     if BACKFILL:
+        # own kept slots move to the front in slot order
+        ki = kept.to(tl.int32)
+        pos = tl.cumsum(ki, axis=1) - ki  # [BT, KK] output slot of each kept own slot
+        n_own = tl.sum(ki, axis=1)  # [BT]
+        to_j = kept[:, None, :] & (pos[:, None, :] == kk[None, :, None])  # [BT, KK(j), KK(k)]
+        new = tl.sum(tl.where(to_j, ids_t[:, None, :] + 1, 0), axis=2) - 1  # [BT, KK] -1 = empty
+        p_new = tl.sum(tl.where(to_j, p_k[:, None, :], 0.0), axis=2)
+        w_own = tl.sum(tl.where(to_j, w_t[:, None, :], 0.0), axis=2)
+        is_own = new >= 0
         # free slots: the kept experts the token did not route, by descending logit (ties -> lower id)
+        cand = in_s[None, :] & tmask[:, None]  # [BT, BE]
+        for k in range(K):  # a real loop: unrolled, its [BT, BE] tiles would all be live at once
+            e_k = tl.load(ids_ptr + ts * K + k, mask=tmask, other=-1)  # [BT] slot k (L1 hit)
+            cand = cand & (e_k[:, None] != es[None, :])
         n_fill = K - tl.min(tl.where(tmask, n_own, K), axis=0)  # [] most free slots of any row
         for i in range(0, n_fill):
             has = tl.max(cand.to(tl.int32), axis=1) > 0  # [BT]
@@ -102,6 +96,11 @@ def _select_rows(
             new = tl.where(at, pick[:, None], new)
             p_new = tl.where(at, p_pick[:, None], p_new)
             cand = cand & (es[None, :] != pick[:, None])
+    else:  # drop only: kept own slots stay in place
+        new = tl.where(kept, ids_t, -1)
+        p_new = tl.where(kept, p_k, 0.0)
+        w_own = w_t
+        is_own = kept
 
     ok = (new >= 0) & kmask[None, :]  # [BT, KK]
     total_w = tl.sum(w_t, axis=1)  # [BT]
@@ -109,7 +108,7 @@ def _select_rows(
         p_sum = tl.sum(tl.where(ok, p_new, 0.0), axis=1)
         new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
     else:
-        scale = total_w / tl.maximum(total_p, 1e-30)
+        scale = total_w / tl.maximum(tl.sum(p_k, axis=1), 1e-30)  # sum w / sum p_routed
         new_w = tl.where(is_own, w_own, p_new * scale[:, None])
     unchanged = tl.sum(((new != ids_t) & kmask[None, :]).to(tl.int32), axis=1) == 0  # [BT]
     new_w = tl.where(unchanged[:, None], w_t, new_w)
@@ -126,7 +125,8 @@ def _select_rows(
 def _load_rows(t0, ids_ptr, w_ptr, logits_ptr, budget_ptr, T, stride_lt,
                E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
                BLOCK_T: tl.constexpr):
-    """ids [BT, KK] int32 (-1 outside), weights [BT, KK] fp32, logits [BT, BE] fp32, real [BT]."""
+    """ids [BT, KK] int32 (-1 outside), weights [BT, KK] fp32, the router logit of each own slot
+    [BT, KK] fp32, logits [BT, BE] fp32, budgets [BT] int64."""
     ts = t0 + tl.arange(0, BLOCK_T)
     tmask = ts < T
     kk = tl.arange(0, BLOCK_KK)
@@ -134,11 +134,14 @@ def _load_rows(t0, ids_ptr, w_ptr, logits_ptr, budget_ptr, T, stride_lt,
     m2 = tmask[:, None] & (kk < K)[None, :]
     ids_t = tl.load(ids_ptr + ts[:, None] * K + kk[None, :], mask=m2, other=-1).to(tl.int32)
     w_t = tl.load(w_ptr + ts[:, None] * K + kk[None, :], mask=m2, other=0.0).to(tl.float32)
-    logit = tl.load(logits_ptr + ts[:, None] * stride_lt + es[None, :],
-                    mask=tmask[:, None] & (es < E)[None, :], other=float("-inf")).to(tl.float32)
+    row = logits_ptr + ts.to(tl.int64)[:, None] * stride_lt
+    own = m2 & (ids_t >= 0) & (ids_t < E)
+    l_own = tl.load(row + tl.where(own, ids_t, 0), mask=own, other=0.0).to(tl.float32)
+    logit = tl.load(row + es[None, :], mask=tmask[:, None] & (es < E)[None, :],
+                    other=float("-inf")).to(tl.float32)
     logit = tl.where(tmask[:, None], logit, 0.0)  # rows past T: finite, never stored
     bud = tl.load(budget_ptr + ts, mask=tmask, other=-1).to(tl.int64)
-    return ids_t, w_t, logit, bud
+    return ids_t, w_t, l_own, logit, bud
 
 
 @triton.jit
@@ -186,8 +189,8 @@ def _base_select_kernel(
     kk = tl.arange(0, BLOCK_KK)  # [KK]
 
     # first row chunk: also what the selection below needs, loaded before the ticket
-    ids0, w0, logit0, bud0 = _load_rows(0, ids_ptr, w_ptr, logits_ptr, budget_ptr, T, stride_lt,
-                                        E, K, BLOCK_E, BLOCK_KK, BLOCK_T)
+    ids0, w0, lown0, logit0, bud0 = _load_rows(0, ids_ptr, w_ptr, logits_ptr, budget_ptr, T,
+                                               stride_lt, E, K, BLOCK_E, BLOCK_KK, BLOCK_T)
 
     # ---- scoring: D[e] over the real tokens that route e ------------------------------------
     d_e, n_e = _score_chunk(0, ids0, w0, bud0, e, hidden_ptr, stride_ht, a_row, b_e, hs, hmask,
@@ -236,14 +239,17 @@ def _base_select_kernel(
         tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
         tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
+        tl.debug_barrier()  # in_s is read back (gathered at the slots' ids) by every thread
 
-        _select_rows(0, ids0, w0, logit0, bud0 >= 0, in_s, T, out_ids_ptr, out_w_ptr,
-                     E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL, RENORM)
+        _select_rows(0, ids0, w0, lown0, logit0, bud0 >= 0, in_s, T, ids_ptr, in_s_ptr,
+                     out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL, RENORM)
         for t0 in range(BLOCK_T, T, BLOCK_T):
-            ids_t, w_t, logit, bud = _load_rows(t0, ids_ptr, w_ptr, logits_ptr, budget_ptr, T,
-                                                stride_lt, E, K, BLOCK_E, BLOCK_KK, BLOCK_T)
-            _select_rows(t0, ids_t, w_t, logit, bud >= 0, in_s, T, out_ids_ptr, out_w_ptr,
-                         E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL, RENORM)
+            ids_t, w_t, l_own, logit, bud = _load_rows(t0, ids_ptr, w_ptr, logits_ptr, budget_ptr,
+                                                       T, stride_lt, E, K, BLOCK_E, BLOCK_KK,
+                                                       BLOCK_T)
+            _select_rows(t0, ids_t, w_t, l_own, logit, bud >= 0, in_s, T, ids_ptr, in_s_ptr,
+                         out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL,
+                         RENORM)
 
 
 def select_blocks(T: int, E: int, K: int, H: int) -> dict:
@@ -257,7 +263,7 @@ def select_blocks(T: int, E: int, K: int, H: int) -> dict:
     # [ROWS, BLOCK_H] fp32 hidden rows per dot group: 16K elements spill past H=2048 (sm_90a)
     rows = max(1, min(8, (16384 if block_h <= 2048 else 8192) // block_h))
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
-                BLOCK_H=block_h, ROWS=rows, num_warps=8 if block_h * rows >= 8192 else 4)
+                BLOCK_H=block_h, ROWS=rows, num_warps=8 if block_h * rows >= 16384 else 4)
 
 
 def base_select(
