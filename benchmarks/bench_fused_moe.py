@@ -44,7 +44,7 @@ from kernel_common import (  # noqa: E402
 
 from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
-from base_sglang.kernels.fused_moe import DecodeConfig, MoeConfig  # noqa: E402
+from base_sglang.kernels.fused_moe import DecodeConfig, MoeConfig, resolve_decode  # noqa: E402
 from base_sglang.kernels.moe_up import moe_up  # noqa: E402
 
 COPIES = 3
@@ -82,10 +82,13 @@ def time_ours(hidden, ids, w, gus, dns, cfg: MoeConfig, inner=10, reps=15) -> fl
 
 def time_up(hidden, ids, w, gus, d: DecodeConfig) -> float:
     """moe_up alone (the align + gate/up GEMM launch)."""
+    E, two_i, H = gus[0].shape
+    d = resolve_decode(d, hidden.shape[0], H, two_i // 2, hidden.device)
     act = torch.empty(ids.numel(), gus[0].shape[1] // 2, dtype=hidden.dtype, device=hidden.device)
     return graph_time_us(rotating(lambda i: moe_up(
         hidden, ids, w, gus[i], act, block_m=d.block_m, block_n=d.up_n, block_k=d.up_k,
-        num_warps=d.up_warps, num_stages=d.up_stages, programs_per_sm=d.programs_per_sm)))
+        num_warps=d.up_warps, num_stages=d.up_stages, programs_per_sm=d.programs_per_sm,
+        flatten=d.flatten)))
 
 
 def time_sglang(sgl, hidden, ids, w, gus, dns, scfg, aligned) -> float:
@@ -103,7 +106,7 @@ def tune(hidden, cases, gus, dns) -> dict[str, str]:
     for case, (ids, w) in cases.items():
         times = {}
         for name, d in CANDIDATES.items():
-            if d.block_m > 16 and hidden.shape[0] < 32:
+            if d.block_m and d.block_m >= 2 * max(16, hidden.shape[0]):
                 continue
             times[name] = time_ours(hidden, ids, w, gus, dns, MoeConfig(decode=d), inner=5, reps=7)
         best[case] = min(times, key=times.get)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fused_moe import CANDIDATES  # noqa: E402
 
 from base_sglang.kernels.base_select import _base_select_kernel, select_blocks  # noqa: E402
-from base_sglang.kernels.fused_moe import DecodeConfig  # noqa: E402
+from base_sglang.kernels.fused_moe import DecodeConfig, resolve_decode  # noqa: E402
 from base_sglang.kernels.moe_down import _moe_down_kernel  # noqa: E402
 from base_sglang.kernels.moe_up import _moe_up_kernel  # noqa: E402
 
@@ -34,6 +35,7 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "olmoe-1b-7b": (2048, 1024, 64, 
           "mixtral-8x7b": (4096, 14336, 8, 2)}  # H, I, E, K
 TOKENS = (1, 2, 16, 32, 64)  # every BLOCK_T bucket, plus T=1 (specialised) and T=2 (no /16 hint)
 NUM_SMS = 132
+L2_BYTES = 60 << 20  # H200
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 
 
@@ -70,6 +72,7 @@ def select_variant(T, H, E, K, backfill=True, renorm=True):
 
 
 def moe_variants(T, H, I, E, K, d: DecodeConfig):  # noqa: E741
+    d = resolve_decode(d, T, H, I, torch.device("cpu"), sms=NUM_SMS, l2=L2_BYTES)
     bt = max(16, triton.next_power_of_2(T))
     sig = {n: "*i32" for n in ("ids_ptr", "blk_e_ptr", "blk_pair_ptr", "blk_tok_ptr", "nblk_ptr")}
     sig.update(hidden_ptr="*bf16", w_ptr="*fp32", gu_ptr="*bf16", act_ptr="*bf16",
@@ -82,7 +85,7 @@ def moe_variants(T, H, I, E, K, d: DecodeConfig):  # noqa: E741
         EVEN_K=H % d.up_k == 0, DOT_F32=False, FLATTEN=d.flatten, USE_PDL=True),
         dict(T=T, H=H, I=I, stride_ht=H, stride_ge=2 * I * H, stride_gn=H,
              num_progs=NUM_SMS * d.programs_per_sm), d.up_warps, d.up_stages)
-    bn = d.down_n or next(b for b in (16, 32, 64, 128, 256) if triton.cdiv(H, b) <= NUM_SMS)
+    bn = d.down_n
     sig = {n: "*i32" for n in ("blk_e_ptr", "blk_pair_ptr", "blk_tok_ptr", "nblk_ptr")}
     sig.update(act_ptr="*bf16", down_ptr="*bf16", y_ptr="*bf16", blk_w_ptr="*fp32", T="i32",
                H="i32", I="i32", stride_de="i32", stride_dn="i32", stride_yt="i32")

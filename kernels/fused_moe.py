@@ -14,16 +14,24 @@ This is base_sglang.core.moe_forward_ref on the GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
-from base_sglang.kernels.moe_down import moe_down
+from base_sglang.kernels.moe_down import down_block_n, moe_down
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.moe_up import moe_up
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
+from base_sglang.kernels.utils import (
+    FLOAT_DTYPES,
+    ID_DTYPES,
+    check,
+    check_tensor,
+    l2_bytes,
+    next_pow2,
+    num_sms,
+)
 
 DECODE_MAX_T = 64  # the decode path computes BLOCK_T >= T rows per combine tile: small batches only
 
@@ -31,17 +39,41 @@ DECODE_MAX_T = 64  # the decode path computes BLOCK_T >= T rows per combine tile
 @dataclass(frozen=True)
 class DecodeConfig:
     """Tiles of the 2-launch decode path (moe_up, moe_down)."""
-    block_m: int = 16  # pairs per block (rows of both GEMMs)
+    block_m: int = 0  # pairs per block (rows of both GEMMs); 0: resolve_decode picks it
     up_n: int = 16  # gate (and up) rows per item: small items balance the persistent grid
     up_k: int = 256
     up_warps: int = 4
-    up_stages: int = 5  # 4 buffers of 24 KB; 6 spills at T=64 (sm_90a)
+    up_stages: int = 5  # buffers of 24 KB; 6 spills at T=64 (sm_90a); capped to SMEM_BUDGET
     down_n: int = 0  # 0: the smallest tile with at most one program per SM
     down_k: int = 256
     down_warps: int = 4
-    down_stages: int = 6  # 5 buffers in flight: ~40 KB of weights per SM
+    down_stages: int = 6  # 5 loads in flight: ~40 KB of weights per SM; capped to SMEM_BUDGET
     programs_per_sm: int = 1  # moe_up's persistent grid
     flatten: bool = True  # one software-pipelined loop across work items (tl.range(flatten=True))
+
+
+SMEM_BUDGET = 160 * 1024  # shared memory per program for the pipeline buffers (sm_90: 227 KB max)
+
+
+def resolve_decode(d: DecodeConfig, T: int, H: int, I: int, device: torch.device,  # noqa: E741
+                   sms: int | None = None, l2: int | None = None) -> DecodeConfig:
+    """Fill in the automatic fields of a DecodeConfig for one call.
+
+    block_m 0: 16, unless one expert's down matrix exceeds half the L2 (Mixtral: 117 MB); then
+    next_pow2(T) up to 64, so that no expert spans two blocks: moe_down streams each block's
+    weights once per program, and a second block of the same expert would re-read them from HBM
+    (for small experts the re-read hits L2). down_n 0: down_block_n(H). Pipeline stages are capped
+    so that their buffers (Triton allocates one per stage) fit SMEM_BUDGET. sms, l2: the device's,
+    unless given.
+    """
+    l2 = l2 or l2_bytes(device)
+    bm = d.block_m or (16 if H * I * 2 <= l2 // 2 else min(64, max(16, next_pow2(T))))
+    bn = d.down_n or down_block_n(H, sms or num_sms(device))
+    up_stage = (bm * d.up_k + 2 * d.up_k * d.up_n) * 2  # bytes: hidden rows + gate and up tiles
+    down_stage = (bm * d.down_k + d.down_k * bn) * 2  # act rows + down tile
+    return replace(d, block_m=bm, down_n=bn,
+                   up_stages=max(2, min(d.up_stages, SMEM_BUDGET // up_stage)),
+                   down_stages=max(2, min(d.down_stages, SMEM_BUDGET // down_stage)))
 
 
 @dataclass(frozen=True)
@@ -97,7 +129,7 @@ def fused_moe(
     cfg = config or default_config(T, E, K, max_experts)
     out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
     if cfg.decode is not None and T <= DECODE_MAX_T:
-        d = cfg.decode
+        d = resolve_decode(cfg.decode, T, H, I, dev)
         act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
         blocks = moe_up(hidden, ids, weights, gate_up, act, block_m=d.block_m, block_n=d.up_n,
                         block_k=d.up_k, num_warps=d.up_warps, num_stages=d.up_stages,

@@ -69,11 +69,11 @@ def _moe_down_kernel(
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(ts < T)[:, None] & nmask[None, :])
 
 
-def down_block_n(H: int, device: torch.device) -> int:
+def down_block_n(H: int, sms: int) -> int:
     """Output columns per program: the smallest power of 2 >= 16 that needs at most one program per
     multiprocessor (H=2048: 16 on 132 SMs; H=4096: 32)."""
     bn = 16
-    while triton.cdiv(H, bn) > num_sms(device) and bn < 256:
+    while triton.cdiv(H, bn) > sms and bn < 256:
         bn *= 2
     return bn
 
@@ -101,7 +101,7 @@ def moe_down(
     check(T <= 128, f"out: the decode path takes at most 128 tokens, got {T}")
     if T == 0:
         return out
-    bn = block_n or down_block_n(H, out.device)
+    bn = block_n or down_block_n(H, num_sms(out.device))
     pdl = use_pdl(out.device)
     _moe_down_kernel[(triton.cdiv(H, bn),)](
         act, down, out, blocks.blk_e, blocks.blk_pair, blocks.blk_tok, blocks.blk_w, blocks.nblk,

@@ -12,7 +12,9 @@ loop: no launch or pipeline fill per tile, and an expert that no slot selects is
 The program that handles (j = 0, b) also writes block b's row table for `moe_down`:
     blk_e [NB_MAX]            expert of block b
     blk_pair, blk_tok, blk_w [NB_MAX, BLOCK_M]   pair, token and combine weight of each row
-                                                  (-1, -1, 0 past the block's last pair)
+                                                  (-1, -1, 0 on unused rows)
+When BLOCK_M equals BLOCK_T (the tokens, padded to a power of 2 >= 16), every expert fits one
+block and row r is token r (no compaction); otherwise the block's rows are compacted pairs.
     nblk [1]                  blocks used (program 0)
 Rows of act for dropped pairs and table rows past nblk are left unwritten (never read).
 Shape legend: T tokens, K slots, E experts, H hidden, I expert intermediate, P = T*K pairs.
@@ -91,17 +93,25 @@ def _moe_up_kernel(
         cnt = tl.sum(tl.where(es == e, count, 0), axis=0)
         match = ids_t == e  # [BT, KK]
         tok = tl.max(match.to(tl.int32), axis=1)  # [BT] 1 = token routes e
-        rank = tl.cumsum(tok, axis=0) - tok  # [BT] row of the token in e's pair list
-        want = rb * BLOCK_M + rs  # [BM] rows of this block
-        sel = (tok[None, :] > 0) & (rank[None, :] == want[:, None])  # [BM, BT]
-        row_t = tl.sum(tl.where(sel, ts[None, :], 0), axis=1)  # [BM] token of each row
-        row_k = tl.sum(tl.where(sel, tl.sum(tl.where(match, kk[None, :], 0), axis=1)[None, :], 0),
-                       axis=1)  # [BM] slot of e in that token's row
-        row_ok = want < cnt  # [BM]
+        k_e = tl.sum(tl.where(match, kk[None, :], 0), axis=1)  # [BT] slot of e in the token's row
+        w_e = tl.sum(tl.where(match, w_t, 0.0), axis=1)  # [BT]
+        if BLOCK_M == BLOCK_T:  # one block holds any expert's pairs: rows = tokens, no compaction
+            row_ok = tok > 0
+            # NOTE: not plain `ts`: with a loop-invariant row vector the flattened loop is not
+            # software-pipelined (triton 3.6, sm_90a: no cp.async prefetch; compile_sm90.py checks)
+            row_t = tl.where(row_ok, ts, 0)
+            row_k = k_e
+            row_w = w_e
+        else:  # compact e's pairs: row r of block rb = the (rb * BLOCK_M + r)-th routing token
+            rank = tl.cumsum(tok, axis=0) - tok  # [BT] row of the token in e's pair list
+            want = rb * BLOCK_M + rs  # [BM] rows of this block
+            sel = (tok[None, :] > 0) & (rank[None, :] == want[:, None])  # [BM, BT]
+            row_t = tl.sum(tl.where(sel, ts[None, :], 0), axis=1)  # [BM] token of each row
+            row_k = tl.sum(tl.where(sel, k_e[None, :], 0), axis=1)  # [BM]
+            row_w = tl.sum(tl.where(sel, w_e[None, :], 0.0), axis=1)  # [BM]
+            row_ok = want < cnt  # [BM]
         row_p = tl.where(row_ok, row_t * K + row_k, -1)  # [BM] pair index
         if j == 0:  # block table for moe_down
-            w_e = tl.sum(tl.where(match, w_t, 0.0), axis=1)  # [BT]
-            row_w = tl.sum(tl.where(sel, w_e[None, :], 0.0), axis=1)  # [BM]
             tl.store(blk_e_ptr + b, e)
             tl.store(blk_pair_ptr + b * BLOCK_M + rs, row_p)
             tl.store(blk_tok_ptr + b * BLOCK_M + rs, tl.where(row_ok, row_t, -1))

@@ -38,6 +38,13 @@ def num_sms(device: torch.device) -> int:
     return _NUM_SMS[key]
 
 
+def l2_bytes(device: torch.device) -> int:
+    """L2 cache size of the device (50 MB when there is no CUDA device)."""
+    if device.type != "cuda":
+        return 50 << 20
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 

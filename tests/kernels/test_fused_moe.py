@@ -10,7 +10,7 @@ from kernel_helpers import DEVICE, experts, poisoned_outputs, routing
 
 from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_align
-from base_sglang.kernels.fused_moe import DecodeConfig, MoeConfig
+from base_sglang.kernels.fused_moe import SMEM_BUDGET, DecodeConfig, MoeConfig, resolve_decode
 from base_sglang.kernels.moe_gemm import GemmConfig
 from base_sglang.kernels.moe_up import moe_up
 
@@ -77,6 +77,7 @@ def test_unused_experts_are_never_read(path):
 @pytest.mark.parametrize("config", [
     MoeConfig(),  # BLOCK_M 16: 20 pairs of expert 0 span two blocks
     MoeConfig(decode=DecodeConfig(block_m=32)),
+    MoeConfig(decode=DecodeConfig(block_m=64)),  # what resolve_decode picks for huge experts
     BLOCKED,
 ])
 def test_one_expert_spans_several_blocks(config):
@@ -95,6 +96,19 @@ def test_one_expert_spans_several_blocks(config):
 def test_tile_configs(config):
     y, ref, _ = run(9, 5, 2, H=48, I=40, seed=4, config=config)  # H, I not multiples of BLOCK_K
     assert rel_err(y, ref) < REL_TOL
+
+
+def test_resolve_decode_block_m_and_stages():
+    cpu = torch.device("cpu")
+    small = resolve_decode(DecodeConfig(), 64, 2048, 768, cpu, sms=132, l2=60 << 20)
+    assert (small.block_m, small.down_n, small.up_stages, small.down_stages) == (16, 16, 5, 6)
+    # one expert's down matrix (117 MB) > L2 / 2: one block per expert, stages fit the budget
+    big = resolve_decode(DecodeConfig(), 64, 4096, 14336, cpu, sms=132, l2=60 << 20)
+    assert (big.block_m, big.down_n) == (64, 32)
+    assert big.up_stages * (64 * 256 + 2 * 256 * 16) * 2 <= SMEM_BUDGET
+    assert big.down_stages * (64 * 256 + 256 * 32) * 2 <= SMEM_BUDGET
+    assert resolve_decode(DecodeConfig(), 8, 4096, 14336, cpu, sms=132, l2=60 << 20).block_m == 16
+    assert resolve_decode(DecodeConfig(block_m=32), 8, 4096, 14336, cpu).block_m == 32
 
 
 def test_decode_path_up_to_its_limit_and_blocked_beyond():
@@ -121,24 +135,39 @@ def test_align_lists_exactly_the_kept_pairs():
     assert b.block_row[:n].tolist() == [0, 0, 0]
 
 
-def test_decode_blocks_list_exactly_the_kept_pairs():
-    """moe_up's block table: experts ascending, pairs ascending, weights copied, rows padded."""
-    ids = torch.tensor([[3, 0], [-1, 3], [3, 5], [0, -1], [3, 1]], device=DEVICE)
-    w = torch.arange(10, dtype=torch.float32, device=DEVICE).reshape(5, 2) / 10
+@pytest.mark.parametrize("T", [5, 20])  # 5: rows = tokens (BLOCK_M = BLOCK_T); 20: compacted
+def test_decode_blocks_list_exactly_the_kept_pairs(T):
+    """moe_up's block table: experts ascending, every kept pair once, weights copied, unused rows
+    (-1, -1, 0); an expert with more pairs than BLOCK_M spans consecutive blocks."""
+    g = torch.Generator().manual_seed(T)
+    t = torch.arange(T)
+    slot0 = torch.where(t % 7 != 6, 3, t % 3)  # expert 3 popular (18 of 20 tokens)
+    slot1 = (slot0 + 1 + t % 4) % 6  # distinct from slot 0
+    slot1[::4] = -1  # dropped slots
+    ids = torch.stack([slot0, slot1], 1).to(DEVICE)
+    w = torch.rand(T, 2, generator=g).to(DEVICE)
     gate_up, _ = experts(6, 32, 16)
-    x = torch.randn(5, 32, device=DEVICE).bfloat16()
-    act = torch.empty(10, 16, dtype=torch.bfloat16, device=DEVICE)
+    x = torch.randn(T, 32, device=DEVICE).bfloat16()
+    act = torch.empty(T * 2, 16, dtype=torch.bfloat16, device=DEVICE)
     with poisoned_outputs():
         blk = moe_up(x, ids, w, gate_up, act, block_m=16)
     n = int(blk.nblk)
-    assert n == 4 and blk.blk_e[:n].tolist() == [0, 1, 3, 5]
-    pairs = {0: [1, 6], 1: [9], 3: [0, 3, 4, 8], 5: [5]}
-    for b, e in enumerate(blk.blk_e[:n].tolist()):
-        p = pairs[e]
-        assert blk.blk_pair[b, :len(p)].tolist() == p and (blk.blk_pair[b, len(p):] == -1).all()
-        assert blk.blk_tok[b, :len(p)].tolist() == [q // 2 for q in p]
-        assert (blk.blk_tok[b, len(p):] == -1).all() and (blk.blk_w[b, len(p):] == 0).all()
-        torch.testing.assert_close(blk.blk_w[b, :len(p)], w.flatten()[p])
+    flat = ids.flatten()
+    counts = torch.bincount(flat[flat >= 0].long(), minlength=6)
+    assert n == int(((counts + 15) // 16).sum())
+    assert (int(counts.max()) > 16) == (T > 16)  # T=20: expert 3 spans two blocks
+    es = blk.blk_e[:n].tolist()
+    assert es == sorted(es)
+    seen = []
+    for b in range(n):
+        ok = blk.blk_pair[b] >= 0
+        pairs = blk.blk_pair[b][ok]
+        assert (flat[pairs.long()] == es[b]).all()
+        assert torch.equal(blk.blk_tok[b][ok], pairs // 2)
+        torch.testing.assert_close(blk.blk_w[b][ok], w.flatten()[pairs.long()])
+        assert (blk.blk_tok[b][~ok] == -1).all() and (blk.blk_w[b][~ok] == 0).all()
+        seen += pairs.tolist()
+    assert sorted(seen) == (flat >= 0).nonzero().flatten().tolist()
 
 
 def test_contract_errors():
