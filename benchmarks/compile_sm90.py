@@ -104,6 +104,7 @@ def main() -> int:
     args = ap.parse_args()
     configs = CANDIDATES if args.all_configs else {"default": DecodeConfig()}
     bad = []
+    print(f"triton {triton.__version__}, sm_90a, {NUM_SMS} SMs")
     print(f"{'kernel':44} {'regs':>4} {'stack':>5} {'smem':>7} {'cp.async':>8}")
 
     def show(name, info, default):
