@@ -38,11 +38,17 @@ def num_sms(device: torch.device) -> int:
     return _NUM_SMS[key]
 
 
+_L2: dict[str, int] = {}
+
+
 def l2_bytes(device: torch.device) -> int:
     """L2 cache size of the device (50 MB when there is no CUDA device)."""
     if device.type != "cuda":
         return 50 << 20
-    return torch.cuda.get_device_properties(device).L2_cache_size
+    key = str(device)
+    if key not in _L2:
+        _L2[key] = torch.cuda.get_device_properties(device).L2_cache_size
+    return _L2[key]
 
 
 def launch_kwargs(pdl: bool) -> dict:
