@@ -57,6 +57,7 @@ CANDIDATES = {  # name -> DecodeConfig; "default" is the library default
     "up_n32": DecodeConfig(up_n=32, up_stages=4),
     "bm32": DecodeConfig(block_m=32, up_stages=4, down_stages=5),
     "noflat": DecodeConfig(flatten=False),
+    "deep": DecodeConfig(up_stages=6, down_stages=9),  # more weight bytes in flight per SM
 }
 
 

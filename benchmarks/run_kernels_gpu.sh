@@ -65,6 +65,15 @@ for shape in qwen3-30b-a3b olmoe-1b-7b mixtral-8x7b; do
     pids+=($!)
     shards+=("$SCRATCH/check_$shape")
 done
+# the native engine's Triton path (MoEPatch: base_select_experts + fused_moe) vs its torch path
+# (-P: the repo root must not shadow the /tmp/pkg mapping of kernels/ into base_sglang)
+mkdir -p "$SCRATCH/check_engine"
+( rc=0; timeout -k 10 150 python3 -P -m pytest -q -p no:cacheprovider tests/engine/test_moe_hook_kernels.py \
+      > "$SCRATCH/check_engine.log" 2>&1 || rc=$?
+  python3 -c "import json, sys; json.dump({'checks': [{'check': 'engine/test_moe_hook_kernels (pytest)', 'ok': sys.argv[1] == '0', 'exit': int(sys.argv[1])}]}, open(sys.argv[2], 'w'))" \
+      "$rc" "$SCRATCH/check_engine/checks.json" ) &
+pids+=($!)
+shards+=("$SCRATCH/check_engine")
 for p in "${pids[@]}"; do wait "$p" || true; done
 echo "=== phase 1 (compile + checks) done after $((SECONDS - t1)) s" | tee -a "$LOG"
 cat "$SCRATCH"/check_*.log >> "$LOG"
