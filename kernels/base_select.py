@@ -20,8 +20,9 @@ Grid: one program per expert e (E programs), then the last program to finish doe
                experts and p * (sum w / sum p_routed) for backfilled ones ("never"); a row whose ids
                did not change keeps its weights bit-exactly; padded rows: ids -1, weights 0.
 The first row chunk (its ids, weights, logits, the logits at the routed ids, budgets) is loaded by
-every program before the ticket, so the last one only waits for D; per-slot lookups (is the slot's
-expert kept, its logit) are gathers from memory rather than reductions over [T, K] x [E] tiles. ids match the core exactly, weights to fp32 rounding.
+every program before the ticket, so the last one only waits for D (the vector, and gathered at the
+slots' ids in the same round trip); per-slot lookups are gathers from memory rather than
+reductions over [T, K] x [E] tiles. ids match the core exactly, weights to fp32 rounding.
 Shape legend: T tokens, K slots, E experts, H hidden.
 """
 
@@ -44,14 +45,16 @@ from base_sglang.kernels.utils import (
 
 @triton.jit
 def _select_rows(
-    t0, ids_t, w_t, l_own, logit, real, in_s, T,
-    ids_ptr, in_s_ptr, out_ids_ptr, out_w_ptr,
+    t0, ids_t, w_t, l_own, logit, real, in_s, kth, m, T,
+    ids_ptr, d_ptr, union_ptr, out_ids_ptr, out_w_ptr,
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, BACKFILL: tl.constexpr, RENORM: tl.constexpr,
 ):
-    """New ids and weights of one chunk of BLOCK_T token rows (tiles already loaded; in_s already
-    stored at in_s_ptr). Per-slot lookups (kept?, router logit) are gathers from memory, not
-    [BT, KK] x [BE] reductions over register tiles."""
+    """New ids and weights of one chunk of BLOCK_T token rows (tiles already loaded). Per-slot
+    lookups are gathers from memory, not [BT, KK] x [BE] reductions over register tiles: the router
+    logit of each slot (before the ticket), and its expert's D and union count, from which "kept"
+    follows with the same key test as the kept set (one memory round trip after the ticket, shared
+    with the load of D itself)."""
     ts = t0 + tl.arange(0, BLOCK_T)  # [BT]
     tmask = ts < T
     es = tl.arange(0, BLOCK_E)  # [BE]
@@ -65,8 +68,11 @@ def _select_rows(
     mx = tl.max(logit, axis=1)  # [BT]
     s = tl.sum(tl.where(emask[None, :], tl.exp(logit - mx[:, None]), 0.0), axis=1)  # [BT]
     p_k = tl.where(slot_ok, tl.exp(l_own - mx[:, None]) / s[:, None], 0.0)  # [BT, KK] own slots
-    kept = tl.load(in_s_ptr + tl.where(slot_ok, ids_t, 0), mask=slot_ok, other=0,
-                   cache_modifier=".cg") > 0  # [BT, KK] own slot in S
+    own = tl.where(slot_ok, ids_t, 0)  # [BT, KK]
+    d_own = tl.load(d_ptr + own, mask=slot_ok, other=0.0, cache_modifier=".cg")  # [BT, KK]
+    u_own = tl.load(union_ptr + own, mask=slot_ok, other=0, cache_modifier=".cg")
+    key_own = d_own.to(tl.int32, bitcast=True).to(tl.int64) * 1048576 + (1048575 - own)
+    kept = slot_ok & (u_own > 0) & (key_own >= kth) & (m > 0)  # [BT, KK] own slot in S
 
     if BACKFILL:
         # own kept slots move to the front in slot order
@@ -239,17 +245,17 @@ def _base_select_kernel(
         tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
         tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
-        tl.debug_barrier()  # in_s is read back (gathered at the slots' ids) by every thread
 
-        _select_rows(0, ids0, w0, lown0, logit0, bud0 >= 0, in_s, T, ids_ptr, in_s_ptr,
-                     out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL, RENORM)
+        _select_rows(0, ids0, w0, lown0, logit0, bud0 >= 0, in_s, kth, m, T, ids_ptr, d_ptr,
+                     union_ptr, out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK, BLOCK_T,
+                     BACKFILL, RENORM)
         for t0 in range(BLOCK_T, T, BLOCK_T):
             ids_t, w_t, l_own, logit, bud = _load_rows(t0, ids_ptr, w_ptr, logits_ptr, budget_ptr,
                                                        T, stride_lt, E, K, BLOCK_E, BLOCK_KK,
                                                        BLOCK_T)
-            _select_rows(t0, ids_t, w_t, l_own, logit, bud >= 0, in_s, T, ids_ptr, in_s_ptr,
-                         out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK, BLOCK_T, BACKFILL,
-                         RENORM)
+            _select_rows(t0, ids_t, w_t, l_own, logit, bud >= 0, in_s, kth, m, T, ids_ptr,
+                         d_ptr, union_ptr, out_ids_ptr, out_w_ptr, E, K, BLOCK_E, BLOCK_KK,
+                         BLOCK_T, BACKFILL, RENORM)
 
 
 def select_blocks(T: int, E: int, K: int, H: int) -> dict:
