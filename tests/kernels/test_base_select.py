@@ -156,7 +156,7 @@ def test_batch_score_and_kept_set_match_the_core():
     d_ref = _batch_score(ids, w.square() * torch.exp(2.0 * yhat), valid, E)
     in_union = d_ref > 0
     torch.testing.assert_close(d, d_ref, rtol=1e-5, atol=0)
-    assert torch.equal(in_s.bool(), _top_m(d_ref, torch.tensor(4, device=DEVICE), in_union))
+    assert torch.equal(in_s.bool(), top_m_mask(d_ref, torch.tensor(4, device=DEVICE), in_union))
     assert counts.tolist() == [int(in_union.sum()), 4]
     torch.testing.assert_close(removed[0], (d_ref * (in_union & ~in_s.bool())).sum())
 
