@@ -84,9 +84,11 @@ python3 benchmarks/check_kernels_gpu.py --out "$OUT_DIR" --merge "${shards[@]}" 
 grep -h "^FAIL" "$SCRATCH"/check_*.log || true
 
 # ---- phase 2: timed, alone on the GPU ------------------------------------------------------------
-part fused_moe 200 python3 benchmarks/bench_fused_moe.py --out "$OUT_DIR" ${SGL_ARG[@]+"${SGL_ARG[@]}"} \
-    --deadline-s 170 || true
-part base_select 70 python3 benchmarks/bench_base_select.py --out "$OUT_DIR" --deadline-s 50 || true
+MOE_S=${KERNELS_MOE_DEADLINE_S:-170} SELECT_S=${KERNELS_SELECT_DEADLINE_S:-50}
+part fused_moe $((MOE_S + 30)) python3 benchmarks/bench_fused_moe.py --out "$OUT_DIR" \
+    ${SGL_ARG[@]+"${SGL_ARG[@]}"} --deadline-s "$MOE_S" || true
+part base_select $((SELECT_S + 20)) python3 benchmarks/bench_base_select.py --out "$OUT_DIR" \
+    --deadline-s "$SELECT_S" || true
 
 # ---- phase 3: the targets --------------------------------------------------------------------
 python3 benchmarks/kernel_report.py --dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/report.txt"

@@ -110,6 +110,11 @@ def stage_sglang(args) -> int:
                        "BASE_DEFAULT_BUDGET": "dense", "BASE_STATS_INTERVAL": "0",
                        "BASE_STEP_TRACE": str(trace)})
     prompts = heldout_prompts(args.prompts, args.prompt_len, model / "tokenizer.json")
+    from base_sglang.hf.untie import is_tied, untie_embeddings
+
+    if is_tied(model):  # SGLang's Qwen3-MoE ignores tie_word_embeddings (uninitialised LM head)
+        args.model_dir = str(untie_embeddings(model, "/tmp/proxy-untied"))
+        print(f"[proxy] tied embeddings: SGLang serves the untied copy {args.model_dir}", flush=True)
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
