@@ -14,12 +14,8 @@ The fp8/int8 quantisation helpers are only reached on quantised paths and raise 
 `SglangMoe.forward` mirrors fused_experts_impl's bf16 path (`_fused_moe_kernel_sequence`): up GEMM
 (fused_moe_kernel), SiLU*mul (their Triton act_and_mul_triton with the -1 row filter; on CUDA SGLang
 calls sgl_kernel's CUDA silu_and_mul), down GEMM with routed weights, and moe_sum_reduce_triton (on
-CUDA SGLang uses sgl_kernel's moe_sum_reduce; for decode batches SGLang itself picks the Triton one
-when PDL is available). `layer` = align + forward, the whole MoE layer as SGLang runs it, where SGLang's
-align is its own Triton kernel (moe_align_small_numel: at most 64 (token, slot) pairs and more than
-63 experts, e.g. Qwen3/OLMoE at T <= 8); elsewhere SGLang aligns with a CUDA kernel from sgl_kernel
-that cannot be loaded here, and `layer` excludes the align: SGLang's time is then a lower bound
-(its align costs one or two more launches), which only makes "ours <= SGLang" harder to meet.
+CUDA SGLang uses sgl_kernel's moe_sum_reduce). The align runs outside `forward` (SGLang runs a CUDA
+align kernel there), so SGLang's timed layer excludes the align while ours includes it.
 """
 
 from __future__ import annotations
@@ -74,9 +70,7 @@ def load_sglang_moe(root: str):
     _module("sglang.srt.layers.moe.utils", get_moe_padding_size=lambda is_aiter: 0)
     _module("sglang.srt.utils", cpu_has_amx_support=lambda: False, is_cpu=lambda: False,
             is_cuda=lambda: True, is_hip=lambda: False, is_sm90_supported=lambda: major >= 9,
-            get_device_name=lambda device_id=0: (torch.cuda.get_device_name(device_id)
-                                                 if torch.cuda.is_available()
-                                                 else "NVIDIA H200"))  # CPU dry run: H200 configs
+            get_device_name=lambda device_id=0: torch.cuda.get_device_name(device_id))
     exec_ctx = types.SimpleNamespace(
         deterministic=types.SimpleNamespace(enable_deterministic_inference=False))
     _module("sglang.srt.runtime_context", get_exec=lambda: exec_ctx)
@@ -108,19 +102,6 @@ class SglangMoe:
         cfg = {k: v for k, v in dict(cfg).items() if k != "USE_TMA"}
         return {**cfg, "_source": source}
 
-    def align_is_sglangs(self, topk_ids: torch.Tensor, E: int) -> bool:
-        """True where SGLang 0.5.23 aligns with the Triton kernel loaded here (moe_align_block_size:
-        numel <= SMALL_NUMEL_LIMIT and E + 1 > 64 buckets)."""
-        return topk_ids.numel() <= self.align_mod.SMALL_NUMEL_LIMIT and E + 1 > 64
-
-    def layer(self, x, w1, w2, topk_w, topk_ids, config) -> torch.Tensor:
-        """The timed SGLang layer: its own align (when align_is_sglangs) + forward."""
-        E = w1.shape[0]
-        if not self.align_is_sglangs(topk_ids, E):
-            raise ValueError("layer: SGLang aligns this shape with sgl_kernel (not loadable here)")
-        aligned = self.align(topk_ids, E, config["BLOCK_SIZE_M"])
-        return self.forward(x, w1, w2, topk_w, topk_ids, config, aligned)
-
     def align(self, topk_ids: torch.Tensor, E: int, block_m: int):
         """moe_align_block_size's outputs (E + 1 buckets, id -1 -> bucket 0, blocks of expert -1).
 
@@ -134,15 +115,13 @@ class SglangMoe:
             max_pad = numel + (E + 1) * (block_m - 1)
         max_pad = (max_pad + 3) // 4 * 4
         dev = topk_ids.device
+        sorted_ids = torch.full((max_pad,), numel, dtype=torch.int32, device=dev)
+        expert_ids = torch.full((-(-max_pad // block_m),), -1, dtype=torch.int32, device=dev)
         ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-        if numel <= self.align_mod.SMALL_NUMEL_LIMIT:  # as moe_align_block_size: empty buffers
-            sorted_ids = torch.empty((max_pad,), dtype=torch.int32, device=dev)
-            expert_ids = torch.empty((-(-max_pad // block_m),), dtype=torch.int32, device=dev)
+        if numel <= 64:
             self.align_mod.moe_align_small_numel(topk_ids, E + 1, block_m, sorted_ids, expert_ids,
                                                  ntpp)
             return sorted_ids, expert_ids, ntpp
-        sorted_ids = torch.full((max_pad,), numel, dtype=torch.int32, device=dev)
-        expert_ids = torch.full((-(-max_pad // block_m),), -1, dtype=torch.int32, device=dev)
         bucket = topk_ids.flatten().long() + 1  # [numel] 0 = dropped
         counts = torch.bincount(bucket, minlength=E + 1)  # [E+1]
         padded = (counts + block_m - 1) // block_m * block_m

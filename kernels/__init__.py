@@ -1,16 +1,12 @@
 """Triton kernels for BASE (installed as base_sglang.kernels).
 
-    base_select          routed pairs' removal costs, batch score, top-M kept set, backfill and
-                         combine weights, in one launch
-    base_select_experts  base_select with base_sglang.core.select_experts' signature
-    fused_moe            the expert-skipping bf16 MoE: for T <= 64 moe_up + moe_down (2 launches),
-                         else moe_align + moe_gemm x2 + moe_combine (4 launches)
-    moe_up               (decode) align folded into a persistent gate/up GEMM with SiLU*up
-    moe_down             (decode) down GEMM with the weighted combine folded in
-    moe_align            (blocked) pairs grouped by expert into GEMM blocks, kept experts only
-    moe_gemm             (blocked) grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
-    moe_combine          (blocked) weighted sum of each token's pair outputs (deterministic)
-Predicted costs and byte floors: NOTES.md next to this file.
+    base_score           predicted removal cost of each routed (token, expert) pair
+    base_select          batch score, top-M kept set, backfill and combine weights (one launch)
+    base_select_experts  base_score + base_select with base_sglang.core.select_experts' signature
+    moe_align            (token, expert) pairs grouped by expert into GEMM blocks, kept experts only
+    moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
+    moe_combine          weighted sum of each token's pair outputs (deterministic)
+    fused_moe            moe_align + moe_gemm x2 + moe_combine: the expert-skipping bf16 MoE
 
 Triton is imported on first use of a name, so `import base_sglang.kernels` works without it.
 """
@@ -20,10 +16,9 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
+    "base_score": "base_score",
     "base_select": "base_select",
     "base_select_experts": "select_experts",
-    "moe_up": "moe_up",
-    "moe_down": "moe_down",
     "moe_align": "moe_align",
     "moe_gemm": "moe_gemm",
     "moe_combine": "moe_combine",

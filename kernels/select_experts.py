@@ -1,7 +1,7 @@
-"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (one launch).
+"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (two launches).
 
 Same signature and semantics as the core for policy "base" (ids exact, weights to float rounding):
-base_select scores the routed pairs, picks the kept set and rebuilds every row in one kernel.
+base_score (per-pair predicted removal cost) then base_select (batch score, top-M, backfill, weights).
 Other policies and layers listed in config.skip_layers run the core's torch path, which is also
 fixed-shape and graph-capturable. Missing inputs raise the core's errors.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
+from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
 
 
@@ -42,8 +43,8 @@ def base_select_experts(
         budget = budget.to(dev, torch.int64)
     ids = topk_ids.contiguous()
     w = topk_weights.contiguous()
+    cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
     renorm = config.renorm == "always" or (config.renorm == "native" and norm_topk_prob)
     new_ids, new_w, _d, _in_s, counts, removed = base_select(
-        hidden_states, ids, w, router_logits, budget.contiguous(), a, b,
-        backfill=config.backfill, renorm=renorm)
+        cost, ids, w, router_logits, budget.contiguous(), backfill=config.backfill, renorm=renorm)
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))

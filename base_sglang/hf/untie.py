@@ -36,17 +36,19 @@ def untie_embeddings(src: str | Path, dst: str | Path) -> Path:
         if f.is_file() and f.name != "config.json":
             shutil.copy2(f, dst / f.name)
     index_path = src / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else None
-    shard = index["weight_map"][EMBED] if index else "model.safetensors"
-    with safe_open(str(src / shard), framework="pt") as f:
-        head = f.get_tensor(EMBED).clone()
-    save_file({HEAD: head.contiguous()}, str(dst / "lm_head.safetensors"),
-              metadata={"format": "pt"})
-    if index is None:  # one shard: an index naming both files
-        with safe_open(str(src / shard), framework="pt") as f:
-            index = {"metadata": {}, "weight_map": {k: shard for k in f.keys()}}
-    index["weight_map"][HEAD] = "lm_head.safetensors"
-    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    if index_path.is_file():  # sharded: the head in a shard of its own, named in the index
+        index = json.loads(index_path.read_text())
+        with safe_open(str(src / index["weight_map"][EMBED]), framework="pt") as f:
+            head = f.get_tensor(EMBED).clone()
+        save_file({HEAD: head.contiguous()}, str(dst / "lm_head.safetensors"),
+                  metadata={"format": "pt"})
+        index["weight_map"][HEAD] = "lm_head.safetensors"
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    else:  # one file: rewritten with the head in it
+        with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors[HEAD] = tensors[EMBED].clone()
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
     cfg["tie_word_embeddings"] = False
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -23,6 +23,9 @@ from base_sglang.plugin.budget import BUDGET_KEY
 from base_sglang.plugin.checks import check_server_args
 from base_sglang.protocol import RequestOutput, TokenLogprob
 
+# SGLang's model classes that ignore tie_word_embeddings (read in sglang 0.5.17 and 0.5.23; seen on
+# the H200: the shipped proxy, tied, decoded garbage from its first token)
+UNTIED_ONLY = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # SGLang's finish types; others -> "abort"
 
 
@@ -193,6 +196,10 @@ def preflight(settings) -> tuple[str | None, int]:
     num_experts = describe_model_config(config)["num_experts"]
     if not num_experts:
         raise ValueError(f"model: {model} is not a MoE model (no num_experts in config.json)")
+    if config.get("tie_word_embeddings") and config.get("model_type") in UNTIED_ONLY:
+        raise ValueError(f"model: {model} ties its embeddings (tie_word_embeddings), which SGLang's "
+                         f"{config['model_type']} ignores: its LM head would be uninitialised. "
+                         f"Serve an untied copy: python -m base_sglang.hf.untie {model} DST_DIR")
     resolve_budget(settings.default_budget, "default_budget", num_experts)
     predictor = settings.predictor or str(model / "predictor.safetensors")
     if not Path(predictor).is_file():

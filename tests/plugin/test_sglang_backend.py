@@ -70,6 +70,23 @@ def test_preflight_finds_predictor_and_experts(tiny_model):
     assert predictor == str(tiny_model / "predictor.safetensors") and num_experts == E
 
 
+def test_preflight_refuses_tied_embeddings_and_the_untied_copy_passes(tiny_model, tmp_path):
+    """SGLang's Qwen3-MoE ignores tie_word_embeddings (seen on the H200 with the shipped proxy)."""
+    import json
+    import shutil
+
+    from base_sglang.hf.untie import untie_embeddings
+
+    tied = tmp_path / "tied"
+    shutil.copytree(tiny_model, tied)
+    cfg = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match="base_sglang.hf.untie"):
+        backend.preflight(_settings(tied))
+    untied = untie_embeddings(tied, tmp_path / "untied")
+    assert backend.preflight(_settings(untied))[1] == E
+
+
 def test_preflight_errors_name_the_option(tiny_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="model: "):
         backend.preflight(_settings(tmp_path / "missing"))
