@@ -125,8 +125,7 @@ def serve_on_engine(engine, schedule: list[ScheduledRequest], max_steps: int = 1
             if out.finished:
                 s.finish_reason, s.error = out.finish_reason, out.error
             elif s.request.abort_after is not None and s.num_outputs >= s.request.abort_after:
-                final = engine.abort(out.request_id)
-                if final is not None:
+                for final in engine.abort(out.request_id):
                     s.finish_reason, s.error = final.finish_reason, final.error
         if step >= last_arrival and not engine.has_unfinished():
             break
