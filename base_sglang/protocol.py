@@ -22,8 +22,9 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 class ResponseFormat:
     """Constrained decoding: the output must be JSON (json_object) or JSON valid against a schema.
 
-    `schema` is the JSON Schema as canonical JSON text (sorted keys), also the grammar cache key;
-    build it with ResponseFormat.create(type, schema) from a dict or a JSON string.
+    `schema` is the JSON Schema as compact JSON text, also the grammar cache key (key order is
+    kept: properties are generated in the schema's order); build it with
+    ResponseFormat.create(type, schema) from a dict or a JSON string.
     """
 
     type: str  # "json_object" | "json_schema"
@@ -45,7 +46,7 @@ class ResponseFormat:
                 raise ValueError(f"response_format: the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("response_format: json_schema needs a JSON Schema object")
-        return cls("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+        return cls("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
     def __post_init__(self):
         if self.type not in ("json_object", "json_schema"):
