@@ -177,3 +177,32 @@ def test_penalised_sampling_stays_finite_and_logprobs_are_the_models(engine):
     [out] = [o for o in drain(engine) if o.request_id == rid]
     assert out.token_ids == [42] and math.isfinite(out.logprobs[0].logprob)
     assert 42 not in out.logprobs[0].top  # the reported logprobs ignore the bias (raw model)
+
+
+def test_async_stream_ends_after_every_choice(engine):
+    import asyncio
+
+    from base_sglang.engine import AsyncLLMEngine
+
+    async def run():
+        front = AsyncLLMEngine(engine)
+        front.start()
+        try:
+            ids = engine.tokenizer.encode(PROMPT)
+            outs = []
+            stream = front.generate(ids, SamplingParams(temperature=0.0, max_tokens=4, n=3,
+                                                        ignore_eos=True), "dense", "async-n")
+            async for out in stream:
+                outs.append(out)
+            held = []
+            async for out in front.generate(ids, SamplingParams(max_tokens=3, n=2, best_of=3,
+                                                                seed=1), "dense", "async-b"):
+                held.append(out)
+            return outs, held
+        finally:
+            front.stop()
+
+    outs, held = asyncio.run(run())
+    assert sorted(o.index for o in outs if o.finished) == [0, 1, 2]
+    assert outs[-1].finished and sum(len(o.token_ids) for o in outs) == 12
+    assert [o.index for o in held] == [0, 1] and all(o.finished for o in held)
