@@ -48,6 +48,22 @@ class ResponseFormat:
             raise ValueError("response_format: json_schema needs a JSON Schema object")
         return cls("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
+    @classmethod
+    def from_openai(cls, obj) -> ResponseFormat | None:
+        """OpenAI's `response_format` object: {"type": "text"}, {"type": "json_object"} or
+        {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+        if obj is None:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+            raise ValueError("response_format: must be an object with a string `type`")
+        if obj["type"] != "json_schema":
+            return cls.create(obj["type"])
+        spec = obj.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ValueError("response_format: json_schema needs {\"json_schema\": {\"name\": ..., "
+                             "\"schema\": {...}}}")
+        return cls.create("json_schema", spec["schema"])
+
     def __post_init__(self):
         if self.type not in ("json_object", "json_schema"):
             raise ValueError(f"response_format: type must be json_object or json_schema, got "

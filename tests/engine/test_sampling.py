@@ -172,3 +172,16 @@ def test_response_format_keeps_the_schema_order():
     fmt = ResponseFormat.create("json_schema", '{"properties": {"b": {}, "a": {}}}')
     assert fmt.schema == '{"properties":{"b":{},"a":{}}}'
     assert fmt == ResponseFormat.create("json_schema", {"properties": {"b": {}, "a": {}}})
+
+
+def test_response_format_from_openai():
+    assert ResponseFormat.from_openai(None) is None
+    assert ResponseFormat.from_openai({"type": "text"}) is None
+    assert ResponseFormat.from_openai({"type": "json_object"}) == ResponseFormat("json_object")
+    fmt = ResponseFormat.from_openai({"type": "json_schema", "json_schema": {
+        "name": "person", "strict": True, "schema": {"type": "object"}}})
+    assert fmt == ResponseFormat("json_schema", '{"type":"object"}')
+    for bad in ({"type": "json_schema"}, {"type": "json_schema", "json_schema": {"name": "x"}},
+                {"type": 3}, "json_object", {"type": "yaml"}):
+        with pytest.raises(ValueError, match="^response_format: "):
+            ResponseFormat.from_openai(bad)
