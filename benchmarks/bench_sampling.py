@@ -116,7 +116,7 @@ def main() -> None:
     grid = settings(args.max_tokens)
     measure(engine, "plain", grid["plain"], max(args.batch), 8)  # warm-up
     for kw in grid.values():  # compile the grammars outside the timed runs
-        engine.compile_grammar(SamplingParams(**kw))
+        engine.compile_grammar(SamplingParams(max_tokens=args.max_tokens, **kw))
     load_before = os.getloadavg()
     cells: dict[tuple[str, int], list[dict]] = {}
     for _ in range(args.repeats):

@@ -155,17 +155,25 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits [B, V] outside each row's top-k (k <= 0: off) and top-p nucleus to -inf."""
+    """Mask logits [B, V] outside each row's top-k (k <= 0: off) and top-p nucleus to -inf.
+
+    The nucleus is taken on the full distribution. Only the top max-k ranks of the rows that
+    filter are sorted (topk), the whole row only when a row has top-p without top-k.
+    """
     V = logits.shape[-1]
-    sorted_logits, order = logits.sort(-1, descending=True)  # [B, V]
-    rank = torch.arange(V, device=logits.device)[None, :]  # [1, V]
     k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))  # [B]
-    drop = rank >= k[:, None]  # [B, V]
-    probs = torch.softmax(sorted_logits, -1)  # [B, V]
-    before = probs.cumsum(-1) - probs  # [B, V] mass strictly above each rank
+    active = (k < V) | (top_p < 1.0)  # [B]
+    if not bool(active.any()):
+        return logits
+    width = int(k[active].max())
+    top_v, top_i = logits.topk(width, -1)  # [B, W] best first
+    rank = torch.arange(width, device=logits.device)[None, :]  # [1, W]
+    drop = rank >= k[:, None]  # [B, W]
+    probs = torch.exp(top_v - torch.logsumexp(logits, -1, keepdim=True))  # [B, W]
+    before = probs.cumsum(-1) - probs  # [B, W] mass strictly above each rank
     drop |= before >= top_p[:, None]  # the top-1 token always stays (before = 0 < top_p)
-    sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    kept = torch.full_like(logits, -float("inf")).scatter_(-1, top_i, top_v.masked_fill(drop, -float("inf")))
+    return torch.where(active[:, None], kept, logits)  # [B, V]
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprob]:
