@@ -171,7 +171,9 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     drop = rank >= k[:, None]  # [B, W]
     probs = torch.exp(top_v - torch.logsumexp(logits, -1, keepdim=True))  # [B, W]
     before = probs.cumsum(-1) - probs  # [B, W] mass strictly above each rank
-    drop |= before >= top_p[:, None]  # the top-1 token always stays (before = 0 < top_p)
+    # the top-1 token always stays (before = 0 < top_p); top_p = 1 drops nothing, even where the
+    # float cumulative sum reaches 1.0 before the tail
+    drop |= (before >= top_p[:, None]) & (top_p < 1.0)[:, None]
     kept = torch.full_like(logits, -float("inf")).scatter_(-1, top_i, top_v.masked_fill(drop, -float("inf")))
     return torch.where(active[:, None], kept, logits)  # [B, V]
 
