@@ -35,15 +35,10 @@ class Sampler:
         if not live:
             return out.tolist()
         probs = sampling_probs(logits[live], [seqs[b].params for b in live])  # [L, V]
+        drawn = draw(probs, [seqs[b].generator for b in live]).tolist()  # [L]
         out = out.tolist()
-        shared = [i for i, b in enumerate(live) if seqs[b].generator is None]
-        if shared:  # one draw for every row on the global generator
-            drawn = torch.multinomial(probs[shared], 1)[:, 0].tolist()
-            for i, tok in zip(shared, drawn):
-                out[live[i]] = tok
-        for i, b in enumerate(live):
-            if seqs[b].generator is not None:
-                out[b] = int(torch.multinomial(probs[i], 1, generator=seqs[b].generator))
+        for b, tok in zip(live, drawn):
+            out[b] = tok
         return out
 
     def process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -143,6 +138,21 @@ def sampling_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
     min_p = torch.tensor([p.min_p for p in params], device=dev)  # [L]
     logits = apply_min_p(logits / temp[:, None], min_p)  # [L, V]
     return torch.softmax(_filter(logits, top_k, top_p), -1)  # [L, V]
+
+
+def draw(probs: torch.Tensor, generators: list) -> torch.Tensor:
+    """One token per row of probs [L, V]: argmax(probs / q) with q ~ Exp(1), an exact draw from
+    each row's distribution (as vLLM samples). Row i's noise comes from generators[i], or from the
+    global generator for rows without one (drawn in one call)."""
+    q = torch.empty_like(probs)  # [L, V]
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if shared:
+        q[shared] = torch.empty(len(shared), probs.shape[-1], device=probs.device).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:
+            q[i].exponential_(generator=g)
+    q.clamp_(min=torch.finfo(q.dtype).tiny)  # q = 0 would make 0 / 0 = NaN win the argmax
+    return (probs / q).argmax(-1)  # [L]
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from base_sglang.engine.sampler import (
     apply_min_p,
     apply_min_tokens,
     apply_penalties,
+    draw,
     token_counts,
 )
 from base_sglang.engine.sequence import Sequence
@@ -185,3 +186,15 @@ def test_response_format_from_openai():
                 {"type": 3}, "json_object", {"type": "yaml"}):
         with pytest.raises(ValueError, match="^response_format: "):
             ResponseFormat.from_openai(bad)
+
+
+def test_draw_follows_the_distribution_and_its_generators():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0]).repeat(20000, 1)  # [N, 4]
+    torch.manual_seed(0)
+    toks = draw(probs, [None] * len(probs))
+    freq = torch.bincount(toks, minlength=4).float() / len(toks)
+    assert torch.allclose(freq, probs[0], atol=0.015) and freq[3] == 0
+    gens = [torch.Generator().manual_seed(i % 5) for i in range(10)]
+    a = draw(probs[:10], gens)
+    b = draw(probs[:10], [torch.Generator().manual_seed(i % 5) for i in range(10)])
+    assert torch.equal(a, b) and torch.equal(a[:5], a[5:])  # each row its own generator
