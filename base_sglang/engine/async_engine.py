@@ -70,9 +70,12 @@ class AsyncLLMEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         self._send(("add", request_id, prompt_ids, params, budget))
-        return self._stream(request_id, q)
+        return self._stream(request_id, q, params.n)
 
-    async def _stream(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+    async def _stream(self, request_id: str, q: asyncio.Queue,
+                      num_choices: int) -> AsyncIterator[RequestOutput]:
+        """Outputs of every choice, interleaved, until each of the num_choices has finished."""
+        left = set(range(num_choices))
         finished = False
         try:
             while not finished:
@@ -80,7 +83,9 @@ class AsyncLLMEngine:
                 if isinstance(out, BaseException):
                     finished = True  # the engine never admitted it
                     raise out
-                finished = out.finished
+                if out.finished:
+                    left.discard(out.index)
+                finished = not left
                 yield out
         finally:
             self._streams.pop(request_id, None)

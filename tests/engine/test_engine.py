@@ -152,12 +152,12 @@ def test_queue_is_bounded_and_abort_frees_the_row(tiny_model_dir):
     eng.add_request(PROMPTS[3], long)
     with pytest.raises(QueueFull):
         eng.add_request(PROMPTS[0], long)
-    out = eng.abort(rids[0])
+    [out] = eng.abort(rids[0])
     assert out.finished and out.finish_reason == "abort"
     assert eng.runner.kv.num_rows == 1 and len(eng.scheduler.running) == 1
     eng.step()  # frees room: a waiting request is admitted
     assert len(eng.scheduler.running) == 2 and eng.runner.kv.num_rows == 2
-    assert eng.abort("no-such-request") is None
+    assert eng.abort("no-such-request") == []
 
 
 @pytest.mark.parametrize("field,kwargs", [

@@ -83,7 +83,13 @@ def test_random_schedule_every_request_finishes_cleanly(proxy):
                                num_requests=220, seed=1234)
     probe_ids = proxy.tokenizer.encode(PROBE_PROMPT)
     served = serve_on_engine(proxy, schedule)
-    assert check_served(served) == []
+    assert check_served(served, proxy.eos_ids) == []
+    extras = [s.request.extra for s in served.values()]
+    for name in ("n", "best_of", "logit_bias", "min_tokens", "stop_token_ids", "schema",
+                 "presence_penalty", "repetition_penalty", "min_p"):
+        assert any(name in e for e in extras), name  # the schedule exercised every control
+    assert any(c.finish_reason == "stop" for s in served.values() if "schema" in s.request.extra
+               for c in s.choices.values())  # and some constrained output ran to its end
     reasons = {s.finish_reason for s in served.values()}
     assert {"stop", "length", "abort"} <= reasons
     steps = proxy.stats.decode_steps()
