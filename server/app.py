@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -41,7 +40,6 @@ def create_app(backend, settings: Settings | None = None) -> FastAPI:
     app.state.backend = backend
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.draining = threading.Event()  # set by the shutdown handler: /health says draining
     app.state.loop = None  # the serving event loop (the shutdown deadline schedules onto it)
     app.state.default_budget = _default_budget(settings, backend.num_experts)
     app.state.limits = Limits(settings.max_request_bytes, backend.max_model_len,

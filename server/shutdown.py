@@ -1,7 +1,7 @@
 """Graceful shutdown with a deadline, for base-serve's uvicorn server.
 
-The first SIGTERM/SIGINT stops accepting connections and lets the requests in flight finish (/health
-answers 503 "draining" meanwhile, so load balancers move on). After --shutdown-timeout seconds the
+The first SIGTERM/SIGINT stops accepting connections (health probes and load balancers see it at
+once) and lets the requests in flight finish. After --shutdown-timeout seconds the
 backend ends whatever is left with an error (a stream gets an SSE error event and [DONE], a waiting
 non-streaming client a 503 with Retry-After), the app shuts the backend down and the process exits
 0. A second signal exits at once (status 128 + signal).
@@ -50,7 +50,6 @@ class GracefulServer(uvicorn.Server):
             os._exit(128 + sig)
         log.info("base-serve: %s: draining in-flight requests for up to %g s",
                  signal.Signals(sig).name, self.shutdown_timeout)
-        self.app_ref.state.draining.set()
         self.should_exit = True
         self._deadline = threading.Timer(self.shutdown_timeout, self._expire)
         self._deadline.daemon = True

@@ -1,4 +1,4 @@
-"""GET /health: 200 while serving, 503 while draining for shutdown (no API key, for probes)."""
+"""GET /health: 200 once the engine loop runs (no API key, for probes)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     stats = request.app.state.backend.stats()
-    draining = request.app.state.draining.is_set()
-    return JSONResponse({"status": "draining" if draining else "ok",
-                         "model": request.app.state.backend.name,
+    return JSONResponse({"status": "ok", "model": request.app.state.backend.name,
                          "running": stats.get("num_requests_running", 0),
-                         "waiting": stats.get("num_requests_waiting", 0)},
-                        status_code=503 if draining else 200)
+                         "waiting": stats.get("num_requests_waiting", 0)})
