@@ -25,12 +25,12 @@ from kernel_common import DEVICE, SHAPES, make_experts, make_routing  # noqa: E4
 
 from base_sglang.core import (  # noqa: E402
     Predictor,
-    PredictorMeta,
     SelectionConfig,
     moe_forward_ref,
     select_experts,
 )
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 RESULTS: list[dict] = []
 TOKENS = (1, 16, 128) if DEVICE == "cuda" else (1, 5)
@@ -42,11 +42,8 @@ def record(name: str, ok: bool, **info) -> None:
 
 
 def make_predictor(E: int, H: int, seed: int = 0) -> Predictor:
-    g = torch.Generator().manual_seed(seed)
-    meta = PredictorMeta(architecture="synthetic", model_id="synthetic", num_layers=1,
-                         moe_layers=[0], hidden_size=H, num_experts=E, top_k=0)
-    return Predictor(meta=meta, weight=torch.randn(1, E, H, generator=g) * 0.02,
-                     bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+    return random_predictor(E, H, 0, seed=seed, scale=0.02, bias_scale=0.1,
+                            architecture="synthetic").to(DEVICE)
 
 
 def budgets(T: int, E: int, K: int) -> dict[str, torch.Tensor]:

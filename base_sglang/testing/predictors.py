@@ -13,7 +13,7 @@ def random_predictor(num_experts: int, hidden_size: int, top_k: int, layers=(0,)
                      num_layers: int | None = None, seed: int = 0, scale: float = 0.1,
                      bias_scale: float = 1.0, stats: bool = False,
                      architecture: str = "Qwen3MoeForCausalLM", model_id: str = "synthetic",
-                     norm_topk_prob: bool = True) -> Predictor:
+                     norm_topk_prob: bool = True, calibration: dict | None = None) -> Predictor:
     """A Predictor over `layers` (model layer ids) with weight ~ scale * N(0, 1), bias ~
     bias_scale * N(0, 1); stats=True adds SERE similarity, ExFold coefficients/losses, expert
     frequencies and norms of a plausible shape (symmetric similarity with unit diagonal, loss 1e30
@@ -23,7 +23,8 @@ def random_predictor(num_experts: int, hidden_size: int, top_k: int, layers=(0,)
     meta = PredictorMeta(architecture=architecture, model_id=model_id,
                          num_layers=num_layers if num_layers is not None else max(layers) + 1,
                          moe_layers=list(layers), hidden_size=H, num_experts=E, top_k=top_k,
-                         norm_topk_prob=norm_topk_prob)
+                         norm_topk_prob=norm_topk_prob,
+                         calibration=calibration or {"synthetic": True, "seed": seed})
     weight = torch.randn(n, E, H, generator=g) * scale  # [L, E, H]
     bias = torch.randn(n, E, generator=g) * bias_scale  # [L, E]
     kw = {}

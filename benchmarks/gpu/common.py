@@ -101,27 +101,22 @@ def make_synthetic_predictor(config: dict, path: str | Path, seed: int = 0,
 
     It exercises the whole BASE path (score, batch ranking, top-M, backfill) at full cost; the
     experts it keeps are arbitrary, which a speed benchmark on dummy weights does not care about."""
-    import torch
 
-    from base_sglang.core import Predictor
-    from base_sglang.core.predictor import PredictorMeta, describe_model_config
+    from base_sglang.core.predictor import describe_model_config
+    from base_sglang.testing.predictors import random_predictor
 
     shape = describe_model_config(config)
     layers, num_e, hidden = shape["moe_layers"], shape["num_experts"], shape["hidden_size"]
     if not layers or not num_e or not hidden:
         raise ValueError(f"config: not a MoE model config (moe_layers={layers}, "
                          f"num_experts={num_e}, hidden_size={hidden})")
-    g = torch.Generator().manual_seed(seed)
-    meta = PredictorMeta(
+    pred = random_predictor(
+        num_e, hidden, shape["top_k"], layers, num_layers=shape["num_layers"], seed=seed,
+        scale=weight_std, bias_scale=bias_std, model_id="synthetic",
         architecture=(config.get("architectures") or [config.get("model_type", "")])[0],
-        model_id="synthetic", num_layers=shape["num_layers"], moe_layers=list(layers),
-        hidden_size=hidden, num_experts=num_e, top_k=shape["top_k"],
         norm_topk_prob=bool(config.get("norm_topk_prob", True)),
         calibration={"synthetic": True, "seed": seed,
                      "note": "random weights: routes the BASE path, predicts nothing"})
-    pred = Predictor(meta=meta,
-                     weight=torch.randn(len(layers), num_e, hidden, generator=g) * weight_std,
-                     bias=torch.randn(len(layers), num_e, generator=g) * bias_std)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     pred.save(path)

@@ -388,16 +388,14 @@ def test_serving_sweep_arguments(capsys):
 
 # ---- the plugin's per-step trace (BASE_STEP_TRACE) ------------------------------------------------------
 def test_plugin_step_trace_writes_one_line_per_decode_step(tmp_path, monkeypatch):
-    from base_sglang.core import Predictor, PredictorMeta
     from base_sglang.plugin.config import PluginConfig
     from base_sglang.plugin.state import PluginState
+    from base_sglang.testing.predictors import random_predictor
 
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("BASE_STEP_TRACE", str(trace))
-    meta = PredictorMeta(architecture="qwen3_moe", model_id="t", num_layers=2, moe_layers=[0, 1],
-                         hidden_size=4, num_experts=8, top_k=2)
     st = PluginState()
-    st.enable(Predictor(meta, torch.zeros(2, 8, 4), torch.zeros(2, 8)),
+    st.enable(random_predictor(8, 4, 2, (0, 1), scale=0.0, bias_scale=0.0),
               PluginConfig(predictor="x", stats_interval=0), "cpu")
     st.ensure_buffer(4, "cpu")
     for kept in (3, 2):
