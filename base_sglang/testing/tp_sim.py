@@ -15,7 +15,7 @@ budget. `selector="core"` calls base_sglang.core.select_experts; `selector="hook
 sglang TopK with the plugin's hooks (sglang must be importable; each rank loads the plugins as an
 SGLang TP worker does, and BASE_SELECTION_TRACE writes the per-rank trace files).
 
-Faults, to show the check can fail: "last_bit" flips the lowest mantissa bit of one element of rank
+Faults (from step `fault_from_step` on), to show the check can fail: "last_bit" flips the lowest mantissa bit of one element of rank
 1's all-reduced attention output; "rank_order_reduce" replaces that all-reduce by a sum of the
 gathered partials in a rank-dependent order (what float atomics do: the order of the additions
 varies, so the rounding does).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -55,6 +56,7 @@ class TPSimConfig:
     seed: int = 0
     selector: str = "core"
     fault: str | None = None
+    fault_from_step: int = 0  # clean steps before the fault starts (one run shows both)
     trace_prefix: str | None = None  # BASE_SELECTION_TRACE (selector "hook")
     extra_env: dict = field(default_factory=dict)
 
@@ -99,14 +101,17 @@ def _rank_main(rank: int, config: TPSimConfig, out_dir: str, port: int) -> None:
     os.environ.update(config.extra_env)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=config.world, timeout=timedelta(seconds=30))
-    try:
-        kind = CoreSelector if config.selector == "core" else HookSelector
-        select = kind(config, Path(out_dir))
-        result = _decode(rank, config, select)
-        result["rank"] = rank
-        (Path(out_dir) / f"result.rank{rank}.json").write_text(json.dumps(result, indent=1))
-    finally:
-        dist.destroy_process_group()
+    kind = CoreSelector if config.selector == "core" else HookSelector
+    select = kind(config, Path(out_dir))
+    result = _decode(rank, config, select)
+    result["rank"] = rank
+    (Path(out_dir) / f"result.rank{rank}.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()  # every rank is done communicating
+    # NOTE: skip the interpreter's teardown: with sglang imported, a C++ thread's destructor can
+    # abort at exit ("terminate called without an active exception") after the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _decode(rank: int, cfg: TPSimConfig, select) -> dict:
@@ -133,7 +138,8 @@ def _decode(rank: int, cfg: TPSimConfig, select) -> dict:
         with select.step(budgets, T) as sel:
             for layer in range(cfg.layers):
                 y = F.silu(h @ shard["wa"][layer])  # [T, F/W]
-                attn = _attn_reduce(cfg, rank, y, shard["wo"][layer])  # [T, H]
+                attn = _attn_reduce(cfg, rank, y, shard["wo"][layer],
+                                    cfg.fault if step >= cfg.fault_from_step else None)  # [T, H]
                 if rank == 0:
                     full = F.silu(h @ wts["wa"][layer]) @ wts["wo"][layer]  # [T, H] TP=1
                     tp1_err = max(tp1_err, (attn - full)[:rows].abs().max().item())
@@ -185,12 +191,12 @@ def _schedule(cfg: TPSimConfig, step: int):
     return rows, T, budgets
 
 
-def _attn_reduce(cfg, rank, y, wo):
+def _attn_reduce(cfg, rank, y, wo, fault):
     """The row-parallel projection's all-reduce, or one of the faults."""
-    if cfg.fault != "rank_order_reduce":
+    if fault != "rank_order_reduce":
         out = y @ wo  # [T, H] this rank's partial sum
         dist.all_reduce(out)
-        if cfg.fault == "last_bit" and rank == 1:
+        if fault == "last_bit" and rank == 1:
             out.view(torch.int32)[0, 0] ^= 1  # one ulp in one element of one real row
         return out
     half = y.shape[1] // 2
