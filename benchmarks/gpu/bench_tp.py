@@ -53,6 +53,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
                 "NVSHMEM_DISABLE_NVLS": "1"}
 SGLANG_ENV = {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "0"}  # v2 allocates torch symmetric memory
 TP_FLAGS = ("--enforce-disable-flashinfer-allreduce-fusion",)  # auto-on for Qwen3-MoE on SM90
+MULTICAST_FLAGS = ("--enable-nccl-nvls", "--enable-symm-mem", "--enable-torch-symm-mem",
+                   "--enable-mscclpp", "--flashinfer-allreduce-fusion-backend")  # refused
 DEFAULTS = ("--batches", "16", "32", "64", "--budgets", "dense", "8", "10", "16",
             "--time-budget", "240")
 TP1_SUMMARY, TP_SUMMARY = "summary_tp1.json", "summary.json"
@@ -101,6 +103,10 @@ def parse_args(argv=None):
         return own
     if any(a in ("--report", "--merge") for a in rest):
         p.error("--report/--merge are bench_decode.py's; use --finalize")
+    bad = [a for a in sgl_extra if a.split("=")[0] in MULTICAST_FLAGS]
+    if bad:
+        p.error(f"SGLang arguments {bad}: they can turn NVLink multicast on, which the device "
+                "forbids")
     args = bench_decode.parse_args([*DEFAULTS, *rest, *(["--", *sgl_extra] if sgl_extra else [])])
     for key, val in vars(own).items():
         setattr(args, key, val)
@@ -146,6 +152,17 @@ def step_budgets(args, batch: int, step: int, num_experts: int) -> list[int]:
             for _ in range(batch)]
 
 
+def set_request_budgets(reqs, budgets: list[int]) -> None:
+    """Each request's budget for the next decode step, where the plugin reads it (custom_params,
+    as the tokenizer hook leaves it). one_batch's synthetic requests share one SamplingParams
+    object: each gets its own copy first."""
+    if len({id(r.sampling_params) for r in reqs}) < len(reqs):
+        for r in reqs:
+            r.sampling_params = copy.copy(r.sampling_params)
+    for r, b in zip(reqs, budgets, strict=True):
+        r.sampling_params.custom_params = {"expert_budget": b}
+
+
 def _force_env() -> None:
     os.environ.update(NO_MULTICAST)
     os.environ.update(SGLANG_ENV)
@@ -153,7 +170,10 @@ def _force_env() -> None:
 
 # ---- one rank -----------------------------------------------------------------------------------
 def rank_main(rank: int, args, port: int) -> int:
+    import torch
+
     _force_env()
+    torch.cuda.set_device(rank)  # before SGLang's NCCL setup (its ModelRunner does it too)
     out = Path(args.out)
     here = out if rank == 0 else SCRATCH / f"rank{rank}"
     here.mkdir(parents=True, exist_ok=True)
@@ -188,7 +208,6 @@ def rank_main(rank: int, args, port: int) -> int:
 def agreement_phase(bench, args, rank, config) -> dict | None:
     """Mixed per-request budgets through graph and eager decode steps, traced on every rank."""
     import numpy as np
-    import torch
 
     st = bench.state.STATE
     if st.sel_trace is None:
@@ -199,12 +218,9 @@ def agreement_phase(bench, args, rank, config) -> dict | None:
         bench.runner.clear()
         np.random.seed(args.seed + 7 * B)
         reqs = bench.ob.prepare_synthetic_inputs_for_latency_test(B, args.input_len)
-        for r in reqs:  # one SamplingParams object is shared by all: give each request its own
-            r.sampling_params = copy.copy(r.sampling_params)
         next_ids, _, batch = bench.runner.extend(reqs)
         for step in range(args.agree_steps + args.agree_eager_steps):
-            for r, b in zip(reqs, step_budgets(args, B, step, st.num_experts)):
-                r.sampling_params.custom_params = {"expert_budget": b}
+            set_request_budgets(reqs, step_budgets(args, B, step, st.num_experts))
             if step < args.agree_steps:
                 next_ids = bench.decode(next_ids, batch)
             else:
@@ -212,7 +228,7 @@ def agreement_phase(bench, args, rank, config) -> dict | None:
                     next_ids = bench.decode(next_ids, batch)
         print(f"[tp] rank {rank}: agreement B={B}: {args.agree_steps} graph + "
               f"{args.agree_eager_steps} eager steps", flush=True)
-    torch.cuda.synchronize()
+    bench.sync()
     st.sel_trace.writing = False
     _any_rank(False)  # a barrier: every rank's trace file is complete past this point
     elapsed = time.perf_counter() - t0

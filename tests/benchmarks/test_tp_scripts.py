@@ -228,6 +228,8 @@ def test_bench_tp_defaults(tmp_path):
     (["--plugin", "off"], "--plugin"),
     (["--report"], "--finalize"),
     (["--budgets", "banana"], "--budgets"),
+    (["--", "--enable-symm-mem"], "multicast"),
+    (["--", "--flashinfer-allreduce-fusion-backend=mnnvl"], "multicast"),
 ])
 def test_bench_tp_bad_arguments_name_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit):
