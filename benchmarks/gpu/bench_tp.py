@@ -317,7 +317,16 @@ def _rank_entry(rank: int, args, port: int) -> None:
         fd = os.open(SCRATCH / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-    sys.exit(rank_main(rank, args, port))
+    _hard_exit(rank_main(rank, args, port))
+
+
+def _hard_exit(rc: int) -> None:
+    """Exit without the interpreter's teardown once the results are written: NCCL's and SGLang's
+    background threads can abort a finished process there, which would turn a good run's exit
+    status into a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def run_ranks(args, port: int) -> int:
@@ -528,7 +537,7 @@ def main(argv=None) -> int:
         print(f"[tp] {problem}", flush=True)
         return 2
     if args.tp == 1:
-        return rank_main(0, args, port)
+        _hard_exit(rank_main(0, args, port))
     return run_ranks(args, port)
 
 
