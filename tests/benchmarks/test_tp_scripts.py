@@ -413,3 +413,18 @@ def test_run_script_stops_without_two_gpus(tmp_path):
                          env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=REPO)
     assert res.returncode == 2
     assert "needs 2 GPUs" in (tmp_path / "run_tp2_h200.log").read_text()
+
+
+def test_collect_records_a_trace_cut_mid_line_as_no_agreement(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(bench_tp, "SCRATCH", tmp_path / "scratch")
+    args = bench_tp.parse_args(["--out", str(out)])
+    prefix = bench_tp.trace_prefix(out)
+    prefix.parent.mkdir(parents=True)
+    _write(trace_path(str(prefix), 0), _varying(3))
+    trace_path(str(prefix), 1).write_text(json.dumps(_varying(1)[0]) + '\n{"step": 1, "ro')
+    common.write_json(out / "summary.json", {"tp": 2, "ranks_agree": False, "steps_compared": 0})
+    bench_tp._collect(args)
+    obj = json.loads((out / "summary.json").read_text())
+    assert obj["ranks_agree"] is False and obj["steps_compared"] == 0
+    assert "not JSON" in obj["agreement"]["problems"][0]
