@@ -152,6 +152,8 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
     sel = st.select(router_logits, ids, w, hidden_states, st.budget[:n], layer,
                     st.selection, st.predictor, norm_topk_prob=topk.topk_config.renormalize)
     st.record(slot, sel.stats.num_union, sel.stats.num_kept)
+    if st.sel_trace is not None:  # BASE_SELECTION_TRACE (TP agreement checks)
+        st.sel_trace.keep(slot, sel.ids, sel.weights)
     new_ids, new_w = sel.ids, sel.weights
     if k < out.topk_ids.shape[1]:  # fused shared-expert slots stay as they are
         new_ids = torch.cat([new_ids, out.topk_ids[:, k:]], dim=1)  # [T, K + shared]

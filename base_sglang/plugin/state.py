@@ -24,6 +24,7 @@ from base_sglang.core import Predictor, SelectionConfig, select_experts
 from base_sglang.core.budget import resolve_budget
 
 from .config import PluginConfig
+from .selection_trace import SelectionTrace
 
 log = logging.getLogger("base_sglang.plugin")
 
@@ -43,6 +44,7 @@ class PluginState:
     num_union: torch.Tensor | None = None  # [L] int64 distinct experts routed, summed over steps
     num_steps: int = 0  # decode forwards since the last stats line
     trace_path: str | None = None  # BASE_STEP_TRACE: one JSON line per decode step (checks only)
+    sel_trace: SelectionTrace | None = None  # BASE_SELECTION_TRACE: per-rank digests (TP checks)
 
     @property
     def enabled(self) -> bool:
@@ -60,6 +62,7 @@ class PluginState:
         self.num_kept = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.num_union = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.trace_path = os.environ.get("BASE_STEP_TRACE") or None
+        self.sel_trace = SelectionTrace.from_env(num_layers)
 
     def ensure_buffer(self, rows: int, device: torch.device | str) -> None:
         """Allocate (or grow, before capture only) the budget buffer to at least `rows` rows."""
@@ -82,12 +85,16 @@ class PluginState:
         """Run one target-model decode forward under BASE with these per-token budgets."""
         ok = self.enabled and self.fill(budgets)
         self.active = ok
+        if ok and self.sel_trace is not None:
+            self.sel_trace.begin_step()
         try:
             yield ok
         finally:
             self.active = False
         if ok:
             self.num_steps += 1
+            if self.sel_trace is not None:
+                self.sel_trace.end_step(budgets)
             if self.trace_path:
                 self.trace_step(budgets)
             self.maybe_log_stats()

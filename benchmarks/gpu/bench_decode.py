@@ -159,7 +159,9 @@ def set_plugin_env(args) -> None:
 class Bench:
     """The model (sglang.benchmark.one_batch's runner), the plugin's state, budget switching."""
 
-    def __init__(self, args, config, clock):
+    def __init__(self, args, config, clock, gpu_id=0, tp_rank=0):
+        """gpu_id/tp_rank: this process's GPU and rank under --tp-size > 1 (bench_tp.py starts one
+        process per rank, as sglang.benchmark.one_batch does); 0/0 for one GPU."""
         self.args, self.config, self.clock = args, config, clock
         from sglang.srt.plugins import load_plugins
 
@@ -184,13 +186,13 @@ class Bench:
         ob.initialize_moe_config(server_args)
         ob.initialize_fp8_gemm_config(server_args)
         ob.initialize_fp4_gemm_config(server_args)
-        ob.configure_logger(server_args, prefix=" TP0")
+        ob.configure_logger(server_args, prefix=f" TP{tp_rank}")
         self.server_args = server_args
         self.skew_info = None
         self.capture_s = None
         self._wrap_init_cuda_graphs()
         t0 = time.perf_counter()
-        self.runner, _tokenizer = ob.load_model(server_args, port_args, 0, 0)
+        self.runner, _tokenizer = ob.load_model(server_args, port_args, gpu_id, tp_rank)
         self.load_s = time.perf_counter() - t0
         self.mr = self.runner.torch_runner
         self.graph_runner = self.mr.decode_cuda_graph_runner

@@ -9,6 +9,8 @@ Categories:
   moe_experts   expert GEMMs (fused_moe_kernel), moe_align, activation, moe_sum_reduce
   router        the top-k softmax kernel over the router logits (the router GEMM is in gemm)
   base_select   BASE's two Triton kernels (_base_score_kernel, _base_select_kernel)
+  allreduce     tensor-parallel collectives: NCCL, SGLang's custom all-reduce (legacy
+                cross_device_reduce_*, v2 all_reduce_kernel), all-gathers (0 with one GPU)
   attention     decode attention (both Triton stages), RoPE, KV-cache stores
   gemm          dense GEMMs: qkv/o projections, router logits, lm_head (cuBLAS/nvjet/cutlass)
   norm          RMSNorm (incl. fused add + norm, q/k norm)
@@ -20,11 +22,14 @@ from __future__ import annotations
 
 import re
 
-CATEGORIES = ("moe_experts", "router", "base_select", "attention", "gemm", "norm", "other")
+CATEGORIES = ("moe_experts", "router", "base_select", "allreduce", "attention", "gemm", "norm",
+              "other")
 H200_HBM_BYTES_S = 4.8e12  # H200 SXM peak HBM3e bandwidth (spec sheet), the floor's denominator
 
 _RULES = (  # first match wins; names lower-cased
     ("base_select", r"_base_score_kernel|_base_select_kernel|base_score|base_select"),
+    ("allreduce", r"nccl|cross_device_reduce|all_reduce|allreduce|reduce_scatter|all_gather"
+                  r"|allgather"),
     ("router", r"topk_softmax|topkgating|moe_fused_gate|router_triton|fused_moe_router"
                r"|streaming_topk|gate_topk|grouped_topk"),
     ("moe_experts", r"fused_moe|moe_align|align_block|count_and_sort|moe_sum|act_and_mul"
@@ -76,11 +81,14 @@ def kernel_table(events, steps: int, top: int = 25) -> dict:
 
 def byte_floors(config: dict, batch: int, context_len: float, experts_per_layer: float,
                 union: float, dtype_bytes: int = 2, predictor_layers: int | None = None,
-                bandwidth: float = H200_HBM_BYTES_S) -> dict:
+                bandwidth: float = H200_HBM_BYTES_S, tp: int = 1) -> dict:
     """Bytes one decode step must read from HBM, per category (weights once per step, KV once).
 
     experts_per_layer: distinct experts executed per MoE layer (the union when dense, <= M with
-    BASE); union is reported alongside. context_len: mean KV length per request in the step."""
+    BASE); union is reported alongside. context_len: mean KV length per request in the step.
+    tp: the bytes of ONE rank under SGLang's tensor parallelism: expert, projection and lm_head
+    weights and the KV heads are split over the ranks; the router, the norms and BASE's
+    selection are replicated (every rank reads them whole)."""
     h = config["hidden_size"]
     layers = config["num_hidden_layers"]
     num_e = config.get("num_experts") or config.get("num_local_experts")
@@ -89,12 +97,16 @@ def byte_floors(config: dict, batch: int, context_len: float, experts_per_layer:
     hd = config.get("head_dim") or h // heads
     vocab = config["vocab_size"]
     moe_layers = predictor_layers if predictor_layers is not None else layers
-    expert_bytes = 3 * h * inter * dtype_bytes  # gate + up [2I, H] and down [H, I]
-    attn_proj = (h * (heads + 2 * kv_heads) * hd + heads * hd * h) * dtype_bytes  # qkv + o
+    if tp < 1:
+        raise ValueError(f"tp: must be >= 1, got {tp}")
+    expert_bytes = 3 * h * inter * dtype_bytes // tp  # gate + up [2I, H] and down [H, I], 1/tp each
+    attn_proj = (h * (heads + 2 * kv_heads) * hd + heads * hd * h) * dtype_bytes // tp  # qkv + o
+    kv_rank = max(1, kv_heads // tp)  # KV heads per rank (replicated when fewer than ranks)
     floors = {
         "moe_experts": experts_per_layer * expert_bytes * moe_layers,
-        "attention": batch * context_len * layers * 2 * kv_heads * hd * dtype_bytes,  # K and V
-        "gemm": layers * attn_proj + moe_layers * num_e * h * dtype_bytes + vocab * h * dtype_bytes,
+        "attention": batch * context_len * layers * 2 * kv_rank * hd * dtype_bytes,  # K and V
+        "gemm": layers * attn_proj + moe_layers * num_e * h * dtype_bytes
+        + vocab * h * dtype_bytes // tp,
         # BASE reads each routed pair's predictor row a_u (fp32) once: [T, K, H]
         "base_select": batch * config["num_experts_per_tok"] * h * 4 * moe_layers,
         "norm": (2 * layers + 1) * h * dtype_bytes,
@@ -104,6 +116,6 @@ def byte_floors(config: dict, batch: int, context_len: float, experts_per_layer:
     total = sum(floors.values())
     return {"per_category": out, "total_bytes": int(total),
             "total_floor_ms": round(total / bandwidth * 1000.0, 4),
-            "bandwidth_bytes_s": bandwidth, "experts_per_layer": experts_per_layer,
+            "bandwidth_bytes_s": bandwidth, "experts_per_layer": experts_per_layer, "tp": tp,
             "union_dense": union, "dense_union_expert_bytes": int(union * expert_bytes * moe_layers),
             "bytes_per_expert_per_layer": expert_bytes, "context_len": context_len}

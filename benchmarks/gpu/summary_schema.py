@@ -10,6 +10,8 @@ Row budgets: "dense" and integers are decode steps with the plugin on (BASE_PRED
 and any budget >= E keep the whole union: the hook runs, drops nothing); "off" rows come from a
 second process with BASE_PREDICTOR unset (SGLang without BASE in its graphs). Extra top-level keys
 (settings, timings, row_stats, ...) are allowed; the keys above and the row keys are exact.
+A tensor-parallel summary (bench_tp.py, issue 17) adds "tp" (>= 2), "ranks_agree" and
+"steps_compared": `validate_tp_summary`.
 """
 
 from __future__ import annotations
@@ -68,3 +70,25 @@ def validate_row(row, where: str = "row") -> None:
     if isinstance(budget, int) and row["experts_per_layer"] > budget + 1e-6:
         raise ValueError(f"{where}: experts_per_layer {row['experts_per_layer']} exceeds the "
                          f"budget {budget}")
+
+
+# ---- tensor parallel (bench_tp.py: benchmarks/results/sglang_h200_tp2/summary.json) ----------------
+TP_KEYS = {"tp": int, "ranks_agree": bool, "steps_compared": int}
+
+
+def validate_tp_summary(obj) -> None:
+    """The single-GPU schema plus "tp" (>= 2), "ranks_agree" and "steps_compared": whether every
+    rank kept the same experts and weights in every compared decode step (bench_tp.py)."""
+    validate_summary(obj)
+    for key, kind in TP_KEYS.items():
+        if key not in obj:
+            raise ValueError(f"summary: missing field {key!r}")
+        v = obj[key]
+        if isinstance(v, bool) is not (kind is bool) or not isinstance(v, kind):
+            raise ValueError(f"{key}: must be {kind.__name__}, got {type(v).__name__}")
+    if obj["tp"] < 2:
+        raise ValueError(f"tp: must be >= 2 in a tensor-parallel summary, got {obj['tp']}")
+    if obj["steps_compared"] < 0:
+        raise ValueError(f"steps_compared: must be >= 0, got {obj['steps_compared']}")
+    if obj["ranks_agree"] and obj["steps_compared"] == 0:
+        raise ValueError("ranks_agree: true with steps_compared 0 (nothing was compared)")
