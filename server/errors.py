@@ -65,11 +65,13 @@ def internal_error(where: str) -> tuple[str, str]:
     return err_id, f"internal server error (id {err_id}; the server log has the details)"
 
 
-ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
+             "/generate": "generate", "/tokenize": "tokenize", "/v1/tokenize": "tokenize",
+             "/detokenize": "tokenize", "/v1/detokenize": "tokenize"}
 
 
 def endpoint_of(path: str) -> str:
-    """The metrics label of a route: completions, chat, models, or other."""
+    """The metrics label of a route: completions, chat, generate, tokenize, models, or other."""
     if path in ENDPOINTS:
         return ENDPOINTS[path]
     return "models" if path.startswith("/v1/models") else "other"
@@ -97,7 +99,9 @@ def install_error_handlers(app: FastAPI) -> None:
                                   .rstrip(": "), None, "json_invalid")
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or field_of(msg)
+        param, own = ".".join(loc), field_of(msg)
+        if own and (not param or own.startswith(f"{param}.")):  # a model check naming a field
+            param = own
         if param and not msg.startswith(f"{param}:"):
             msg = f"{param}: {msg}"
         return error_response(400, msg if param else f"body: {msg}", param)
