@@ -84,7 +84,8 @@ class SamplingParams:
     logprobs        : None, or the number of top alternatives returned with each generated token.
     prompt_logprobs : None, or the same for the prompt tokens (completions `echo` + `logprobs`).
     stop            : strings that end the output (not included in it).
-    stop_token_ids  : token ids that end the output (included in token_ids, not in the text).
+    stop_token_ids  : token ids that end the output (kept in token_ids, and in the text unless
+                      they are special tokens, as vLLM documents it).
     seed            : per-request generator (choice i of n uses a seed derived from it); None uses
                       the engine's global one.
     ignore_eos      : EOS does not end the output (max_tokens, stop strings and stop_token_ids do).

@@ -136,7 +136,7 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, max_length=256, description="vLLM/SGLang extension: token ids that end the output "
-                                          "(kept in the tokens, not in the text)")
+                                          "(kept in the output, as vLLM)")
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = Field(False, description="vLLM/SGLang extension: EOS does not end the "
                                                 "output (for benchmarks)")
