@@ -83,6 +83,15 @@ def _count(request: Request, status: int) -> None:
         metrics.observe_response(endpoint_of(request.url.path), status)
 
 
+def _common_prefix(locs: list[tuple]) -> tuple:
+    out = []
+    for parts in zip(*locs):
+        if any(p != parts[0] for p in parts):
+            break
+        out.append(parts[0])
+    return tuple(out)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -93,7 +102,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         _count(request, 400)
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        errors = exc.errors()
+        err = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+        if len(errors) > 1:  # a union field: one error per member; name the field itself
+            common = _common_prefix([tuple(e.get("loc", ())) for e in errors])
+            if len(common) > 1:
+                err["loc"] = common
         if err.get("type") == "json_invalid":
             return error_response(400, f"malformed JSON body: {err.get('ctx', {}).get('error', '')}"
                                   .rstrip(": "), None, "json_invalid")

@@ -275,6 +275,11 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, Field(
+    description="auto (the default with tools): the model decides, calls parsed from its output; "
+                "required / a named function: constrained by a grammar to calls")]
+
+
 class ChatCompletionRequest(_Sampling):
     KIND: ClassVar[str] = "chat"
 
@@ -285,11 +290,20 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
     tools: list[ToolDef] | None = Field(None, max_length=128, description=(
         "functions the model may call (needs a chat template that renders tools; 400 otherwise)"))
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="auto (the default with tools): the model decides, calls parsed from "
-                          "its output; required / a named function: constrained by a grammar")
+    tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call "
                                                                 "(required / named)")
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, v):
+        if v is None or v in ("none", "auto", "required"):
+            return v
+        if isinstance(v, dict) and v.get("type") == "function" and isinstance(
+                v.get("function"), dict) and isinstance(v["function"].get("name"), str):
+            return NamedToolChoice(type="function", function={"name": v["function"]["name"]})
+        raise ValueError('tool_choice: must be "none", "auto", "required" or {"type": '
+                         '"function", "function": {"name": ...}}')
 
     @model_validator(mode="after")
     def _tools(self):
