@@ -15,6 +15,8 @@ from typing import Any, Protocol
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (0..20); completions `logprobs` shares it
 MAX_N = 128  # OpenAI's limit on n (and on best_of here)
 INT64_MAX = 2**63 - 1
+SEED_STRIDE = 0x9E3779B97F4A7C15  # choice i of a seeded request uses seed + i * stride (mod 2**64)
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object, as SGLang maps it
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (dividing logits by them overflows)
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 

@@ -40,8 +40,8 @@ LOGIT_BIAS_SCHEMA = {"anyOf": [{"type": "object", "propertyNames": {"pattern": T
                                 "additionalProperties": {"type": "number", "minimum": -100,
                                                          "maximum": 100}},
                                {"type": "null"}],
-                     "description": "token id (a decimal string, as JSON keys are) -> bias in "
-                                    "[-100, 100] added to its logit; -100 bans the token"}
+                     "description": "token id (a decimal string, as JSON keys are; below the "
+                                    "vocabulary size) -> bias in [-100, 100] added to its logit"}
 LogitBias = Annotated[Any, WithJsonSchema(LOGIT_BIAS_SCHEMA)]
 RESPONSE_FORMAT_SCHEMA = {"anyOf": [
     {"type": "object", "required": ["type"], "additionalProperties": False,
@@ -130,7 +130,8 @@ class _Sampling(BaseModel):
                               description="vLLM/SGLang extension; -1 or 0 = off")
     min_p: float | None = Field(None, ge=0.0, le=1.0, **Finite, description=(
         "vLLM/SGLang extension: drop tokens below min_p x the top probability; 0 = off"))
-    n: int = Field(1, ge=1, le=MAX_N, description="choices per prompt; they share one prefill")
+    n: int = Field(1, ge=1, le=MAX_N, description=(
+        "choices per prompt (they share one prefill); at most the server's running sequences"))
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
@@ -143,8 +144,10 @@ class _Sampling(BaseModel):
     min_tokens: int | None = Field(None, ge=0, description=(
         "vLLM/SGLang extension: EOS and stop_token_ids are masked until this many tokens "
         "(<= max_tokens)"))
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, **Finite)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, **Finite)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, **Finite, description=(
+        "OpenAI's: subtracted once from the logit of every token already in the output"))
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, **Finite, description=(
+        "OpenAI's: subtracted from a token's logit per occurrence in the output"))
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0, **Finite, description=(
         "vLLM/SGLang extension over prompt and output tokens; 1 = off"))
     logit_bias: LogitBias = None

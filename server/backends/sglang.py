@@ -22,11 +22,9 @@ from pathlib import Path
 
 from base_sglang.core import Predictor
 from base_sglang.core.budget import resolve_budget
-from base_sglang.engine.grammar import JSON_OBJECT_SCHEMA
-from base_sglang.engine.llm_engine import SEED_STRIDE
 from base_sglang.plugin.budget import BUDGET_KEY
 from base_sglang.plugin.checks import check_server_args
-from base_sglang.protocol import RequestOutput, TokenLogprob
+from base_sglang.protocol import JSON_OBJECT_SCHEMA, SEED_STRIDE, RequestOutput, TokenLogprob
 
 # SGLang's model classes that ignore tie_word_embeddings (read in sglang 0.5.17 and 0.5.23; seen on
 # the H200: the shipped proxy, tied, decoded garbage from its first token)
