@@ -133,3 +133,19 @@ def test_logprob_and_choice_limits_as_openai(server, path, body, param):
     r = httpx.post(f"{server.url}{path}", json={**base, **body}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_leaving_a_multi_choice_stream_frees_every_row(server):
+    import time
+
+    body = {"model": MODEL, "prompt": PROMPT, "n": 3, "max_tokens": 1000, "temperature": 1.0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(8)]
+        assert sum(ln.startswith("data: ") for ln in got) >= 3
+        assert server.engine.runner.kv.num_rows == 3
+    deadline = time.monotonic() + 10
+    while server.engine.runner.kv.num_rows or server.backend.async_engine.num_live:
+        assert time.monotonic() < deadline, "the choices still hold their rows"
+        time.sleep(0.05)
