@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (0..20); completions `logprobs` shares it
 MAX_N = 128  # OpenAI's limit on n (and on best_of here)
+INT64_MAX = 2**63 - 1
+SEED_STRIDE = 0x9E3779B97F4A7C15  # choice i of a seeded request uses seed + i * stride (mod 2**64)
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object, as SGLang maps it
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (dividing logits by them overflows)
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
@@ -83,7 +86,8 @@ class SamplingParams:
     logprobs        : None, or the number of top alternatives returned with each generated token.
     prompt_logprobs : None, or the same for the prompt tokens (completions `echo` + `logprobs`).
     stop            : strings that end the output (not included in it).
-    stop_token_ids  : token ids that end the output (included in token_ids, not in the text).
+    stop_token_ids  : token ids that end the output (kept in token_ids, and in the text unless
+                      they are special tokens, as vLLM documents it).
     seed            : per-request generator (choice i of n uses a seed derived from it); None uses
                       the engine's global one.
     ignore_eos      : EOS does not end the output (max_tokens, stop strings and stop_token_ids do).
@@ -128,7 +132,7 @@ class SamplingParams:
             raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
-        _int(self, "top_k", lo=None)
+        _int(self, "top_k", lo=None, hi=INT64_MAX)  # a torch int64 tensor in the sampler
         _int(self, "max_tokens", lo=0)
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             raise ValueError("stop: every stop sequence must be a non-empty string")
@@ -268,5 +272,10 @@ class Backend(Protocol):
                  request_id: str) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
     def abort_all(self, error: str) -> int: ...  # end every live request with `error`; -> count
+    # compile params.response_format ahead of generate (blocking: called in a worker thread);
+    # ValueError "response_format: ..." if the grammar library rejects it
+    def compile_grammar(self, params: SamplingParams) -> None: ...
+    def error_status(self, error: str) -> int: ...  # 400 if a failed output's error is the
+    # request's own doing (e.g. its constraints leave no token to sample), else 500
     def stats(self) -> dict: ...
     def describe(self) -> dict: ...  # what it serves and how (logged at start-up)

@@ -9,10 +9,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from base_sglang.core.budget import resolve_budget
+from base_sglang.engine.tool_calls import supports_tools
 from base_sglang.server.errors import install_error_handlers
 from base_sglang.server.limits import BodyLimit, Limits, longest_token_chars
 from base_sglang.server.metrics import Metrics
-from base_sglang.server.routes import chat, completions, health, metrics, models
+from base_sglang.server.routes import (
+    chat,
+    completions,
+    generate,
+    health,
+    metrics,
+    models,
+    tokenize,
+)
 from base_sglang.server.settings import Settings
 
 log = logging.getLogger("base_sglang.server")
@@ -44,9 +53,10 @@ def create_app(backend, settings: Settings | None = None) -> FastAPI:
     app.state.default_budget = _default_budget(settings, backend.num_experts)
     app.state.limits = Limits(settings.max_request_bytes, backend.max_model_len,
                               longest_token_chars(backend.tokenizer))
+    app.state.supports_tools = supports_tools(backend.tokenizer)  # chat template renders tools
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
-    for module in (models, completions, chat, health, metrics):
+    for module in (models, completions, chat, tokenize, generate, health, metrics):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)
     return app
@@ -82,22 +92,37 @@ def _openapi(app: FastAPI) -> dict:
         backend, settings = app.state.backend, app.state.settings
         lo, hi = settings.min_budget, settings.max_budget or backend.num_experts
         pattern = budget_pattern(lo, hi)
-        dense_ok = hi >= backend.num_experts
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             props = schema["components"]["schemas"][name]["properties"]
             props["model"] = {**props["model"], "enum": [backend.name]}
-            number, text, _ = props["expert_budget"]["anyOf"]
-            number.update(minimum=lo, maximum=min(hi, backend.num_experts))
-            text["pattern"] = pattern if dense_ok else pattern.replace(
-                "[Dd][Ee][Nn][Ss][Ee]|", "")
+            _budget_schema(props["expert_budget"], lo, hi, backend.num_experts, pattern)
             for field in ("max_tokens", "max_completion_tokens"):
                 if field in props:
                     for option in props[field].get("anyOf", [props[field]]):
                         if option.get("type") == "integer":
                             option["maximum"] = backend.max_model_len - 1
-        for path in ("/v1/completions", "/v1/chat/completions"):
+        components = schema["components"]["schemas"]
+        for name in ("TokenizeRequest", "DetokenizeRequest"):
+            for option in components[name]["properties"]["model"].get("anyOf", []):
+                if option.get("type") == "string":
+                    option["enum"] = [backend.name]
+        sampling = components["GenerateSamplingParams"]["properties"]
+        for option in sampling["max_new_tokens"].get("anyOf", []):
+            if option.get("type") == "integer":
+                option["maximum"] = backend.max_model_len - 1
+        _budget_schema(components["CustomParams"]["properties"]["expert_budget"], lo, hi,
+                       backend.num_experts, pattern)
+        for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
             for param in schema["paths"][path]["post"].get("parameters", []):
                 if param["name"] == "X-Expert-Budget":
                     param["schema"]["pattern"] = pattern
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _budget_schema(prop: dict, lo: int, hi: int, num_experts: int, pattern: str) -> None:
+    """The budget field's schema for this server: integers lo..min(hi, E), the strings of them,
+    and "dense" where the range reaches E."""
+    number, text, _ = prop["anyOf"]
+    number.update(minimum=lo, maximum=min(hi, num_experts))
+    text["pattern"] = pattern if hi >= num_experts else pattern.replace("[Dd][Ee][Nn][Ss][Ee]|", "")

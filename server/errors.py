@@ -65,11 +65,13 @@ def internal_error(where: str) -> tuple[str, str]:
     return err_id, f"internal server error (id {err_id}; the server log has the details)"
 
 
-ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
+             "/generate": "generate", "/tokenize": "tokenize", "/v1/tokenize": "tokenize",
+             "/detokenize": "tokenize", "/v1/detokenize": "tokenize"}
 
 
 def endpoint_of(path: str) -> str:
-    """The metrics label of a route: completions, chat, models, or other."""
+    """The metrics label of a route: completions, chat, generate, tokenize, models, or other."""
     if path in ENDPOINTS:
         return ENDPOINTS[path]
     return "models" if path.startswith("/v1/models") else "other"
@@ -79,6 +81,15 @@ def _count(request: Request, status: int) -> None:
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.observe_response(endpoint_of(request.url.path), status)
+
+
+def _common_prefix(locs: list[tuple]) -> tuple:
+    out = []
+    for parts in zip(*locs):
+        if any(p != parts[0] for p in parts):
+            break
+        out.append(parts[0])
+    return tuple(out)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -91,13 +102,20 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         _count(request, 400)
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        errors = exc.errors()
+        err = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+        if len(errors) > 1:  # a union field: one error per member; name the field itself
+            common = _common_prefix([tuple(e.get("loc", ())) for e in errors])
+            if len(common) > 1:
+                err["loc"] = common
         if err.get("type") == "json_invalid":
             return error_response(400, f"malformed JSON body: {err.get('ctx', {}).get('error', '')}"
                                   .rstrip(": "), None, "json_invalid")
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or field_of(msg)
+        param, own = ".".join(loc), field_of(msg)
+        if own and (not param or own.startswith(f"{param}.")):  # a model check naming a field
+            param = own
         if param and not msg.startswith(f"{param}:"):
             msg = f"{param}: {msg}"
         return error_response(400, msg if param else f"body: {msg}", param)

@@ -3,7 +3,10 @@ the backend, then collect or stream the outputs, with exactly one accounting of 
 
 A route supplies its prompts (token ids, built by `encode` / in a worker thread) and how to render
 outputs; `start` returns a Job whose streams are already submitted (refusals raise APIError before
-any response starts), `collect` drains it for a JSON answer, `stream` frames it as SSE.
+any response starts), `collect` drains it for a JSON answer, `sse_frames` frames it as SSE.
+
+Choices: each prompt is one backend request with params.n choices (they share its prefill); choice
+j of prompt p is the response's choice p * n + j, as OpenAI and vLLM number them.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from base_sglang.core.budget import BUDGET_HEADER, budget_label
-from base_sglang.protocol import SHUTTING_DOWN, QueueFull, RequestOutput, SamplingParams
+from base_sglang.protocol import (
+    SHUTTING_DOWN,
+    QueueFull,
+    RequestOutput,
+    ResponseFormat,
+    SamplingParams,
+)
 from base_sglang.server.deps import check_model, resolve_budget
-from base_sglang.server.errors import APIError, error_body
+from base_sglang.server.errors import APIError, error_body, field_of
 
 
 @dataclass
@@ -57,8 +66,13 @@ class Job:
     streams: list = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
-    _last_token_at: list[float | None] = field(default_factory=list)
+    _last_token_at: list[float | None] = field(default_factory=list)  # per choice
+    _first_token_seen: list[bool] = field(default_factory=list)  # per prompt
     _done: bool = False
+
+    @property
+    def n(self) -> int:
+        return self.params.n
 
     @property
     def backend(self):
@@ -72,20 +86,24 @@ class Job:
     def headers(self) -> dict[str, str]:
         return {BUDGET_HEADER: str(self.label)}
 
-    def observe(self, i: int, out: RequestOutput) -> None:
-        """Fold one output into choice i and the latency histograms."""
-        first = self.results[i].last is None
+    def observe(self, p: int, out: RequestOutput) -> int:
+        """Fold one output of prompt p into its choice and the latency histograms (time to first
+        token and queue time once per prompt, inter-token latency per choice); -> the choice."""
+        i = p * self.n + out.index
+        first_output = all(self.results[p * self.n + j].last is None for j in range(self.n))
         self.results[i].add(out)
         metrics, now = self.request.app.state.metrics, time.monotonic()
-        if first and out.queue_time_s is not None:
+        if first_output and out.queue_time_s is not None:
             metrics.queue.observe(out.queue_time_s)
         if out.token_ids:
             last = self._last_token_at[i]
-            if last is None:
+            if not self._first_token_seen[p]:
                 metrics.ttft.observe(now - self.started)
-            else:
+                self._first_token_seen[p] = True
+            elif last is not None:
                 metrics.itl.observe((now - last) / len(out.token_ids), len(out.token_ids))
             self._last_token_at[i] = now
+        return i
 
     def finish(self, reason: str | None = None) -> None:
         """Account the request once: its reason (error > abort > choice 0's), tokens, latency."""
@@ -105,9 +123,11 @@ class Job:
         self.request.app.state.metrics.observe_finish(reason, self.label, prompt, completion,
                                                       time.monotonic() - self.started)
 
-    def usage(self, results: list[Result] | None = None) -> dict:
-        results = self.results if results is None else results
-        prompt = sum(r.last.num_prompt_tokens for r in results if r.last)
+    def usage(self) -> dict:
+        """OpenAI's usage: each prompt counted once, the tokens of every returned choice."""
+        results = self.results
+        firsts = [results[p * self.n].last for p in range(len(self.prompts))]
+        prompt = sum(x.num_prompt_tokens for x in firsts if x)
         completion = sum(r.last.num_output_tokens for r in results if r.last)
         executed = [r.last.experts_per_layer for r in results if r.last and r.last.experts_per_layer]
         routed = [r.last.experts_per_layer_routed for r in results
@@ -141,31 +161,45 @@ def check_ids(ids: list[int], field_name: str, max_model_len: int) -> list[int]:
 
 
 # ---- submit, collect, stream --------------------------------------------------------------------
-async def start(request: Request, body, endpoint: str, prompts: Callable, params: Callable) -> Job:
+PROMPT_FIELDS = {"completions": "prompt", "chat": "messages", "generate": "text"}
+
+
+async def start(request: Request, body, endpoint: str, prompts: Callable, params: Callable,
+                rename: Callable[[str], str] = lambda msg: msg) -> Job:
     """Check the request and submit it; raises APIError (4xx/503) before any response begins.
 
-    prompts: async () -> list of token-id lists; params: (prompt ids) -> SamplingParams.
+    prompts: async () -> list of token-id lists; params: (prompt ids) -> SamplingParams;
+    rename: maps an error message onto the request field it came from (a tool constraint's
+    grammar names `tools`; /generate names SGLang's fields).
     """
     started = time.monotonic()
     backend = request.app.state.backend
-    check_model(request, body.model)
+    if endpoint != "generate":  # SGLang's /generate has no model field (a router's is ignored)
+        check_model(request, body.model)
     budget = resolve_budget(request, body.expert_budget)
     ids = await prompts()
     limits = request.app.state.limits
-    ids = [check_ids(p, "prompt" if endpoint == "completions" else "messages", limits.max_model_len)
-           for p in ids]
+    field_name = PROMPT_FIELDS[endpoint]
+    ids = [check_ids(p, field_name, limits.max_model_len) for p in ids]
     if backend.capacity is not None and len(ids) > backend.capacity:
-        raise APIError(400, f"prompt: {len(ids)} prompts in one request exceed this server's "
-                            f"capacity of {backend.capacity} requests (--max-running-requests + "
-                            f"--max-waiting-requests)", param="prompt", code="too_many_prompts")
+        raise APIError(400, f"{field_name}: {len(ids)} prompts in one request exceed this "
+                            f"server's capacity of {backend.capacity} requests "
+                            f"(--max-running-requests + --max-waiting-requests)",
+                       param=field_name, code="too_many_prompts")
     try:
         sp = params(ids)
     except ValueError as exc:
-        raise APIError.from_value_error(exc) from exc
-    job = Job(request, endpoint, f"{'cmpl' if endpoint == 'completions' else 'chatcmpl'}-"
-                                 f"{uuid.uuid4().hex}", budget, ids, sp, started)
-    job.results = [Result() for _ in ids]
-    job._last_token_at = [None] * len(ids)
+        raise APIError.from_value_error(ValueError(rename(str(exc)))) from exc
+    if sp.response_format is not None:  # xgrammar compiles off the event loop (then cached)
+        try:
+            await asyncio.to_thread(backend.compile_grammar, sp)
+        except ValueError as exc:
+            raise APIError.from_value_error(ValueError(rename(str(exc)))) from exc
+    prefix = {"completions": "cmpl", "chat": "chatcmpl"}.get(endpoint, endpoint)
+    job = Job(request, endpoint, f"{prefix}-{uuid.uuid4().hex}", budget, ids, sp, started)
+    job.results = [Result() for _ in range(len(ids) * sp.n)]
+    job._last_token_at = [None] * len(job.results)
+    job._first_token_seen = [False] * len(ids)
     submitted = []
     try:
         for i, p in enumerate(ids):
@@ -176,18 +210,18 @@ async def start(request: Request, body, endpoint: str, prompts: Callable, params
             backend.abort(rid)
         if isinstance(exc, QueueFull):
             raise APIError(503, f"server busy: {exc}", code="queue_full") from exc
-        raise APIError.from_value_error(exc) from exc
+        raise APIError.from_value_error(ValueError(rename(str(exc)))) from exc
     return job
 
 
 async def collect(job: Job) -> list[Result]:
     """Drain every stream; a client that goes away cancels them (which aborts the requests)."""
 
-    async def drain(i, stream):
-        async for out in stream:
-            job.observe(i, out)
+    async def drain(p, stream):
+        async for out in until_failed(stream):
+            job.observe(p, out)
 
-    task = asyncio.ensure_future(asyncio.gather(*(drain(i, s) for i, s in enumerate(job.streams))))
+    task = asyncio.ensure_future(asyncio.gather(*(drain(p, s) for p, s in enumerate(job.streams))))
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.25)
@@ -207,39 +241,57 @@ async def collect(job: Job) -> list[Result]:
         raise APIError.from_value_error(exc) from exc
     job.finish()
     for res in job.results:
-        raise_if_failed(res.last)
+        raise_if_failed(job.backend, res.last)
     return job.results
 
 
-def raise_if_failed(out: RequestOutput | None) -> None:
+async def until_failed(stream) -> AsyncIterator[RequestOutput]:
+    """A backend stream's outputs up to and including the first failed one: a failure ends the
+    request (every choice); closing the stream then aborts what is left of it."""
+    try:
+        async for out in stream:
+            yield out
+            if out.error is not None:
+                break
+    finally:
+        await stream.aclose()
+
+
+def raise_if_failed(backend, out: RequestOutput | None) -> None:
     if out is None or out.error is None:
         return
     if out.error == SHUTTING_DOWN:
         raise APIError(503, SHUTTING_DOWN, code="shutting_down")
+    if backend.error_status(out.error) == 400:  # the request's own settings cannot be served
+        raise APIError(400, out.error, param=field_of(out.error), code="unsatisfiable_request")
     raise APIError(500, f"the request failed inside the engine: {out.error}", code="engine_error")
 
 
 async def merged(job: Job) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave the job's streams as (choice index, output), in arrival order."""
     if len(job.streams) == 1:
-        async for out in job.streams[0]:
-            job.observe(0, out)
-            yield 0, out
+        async for out in until_failed(job.streams[0]):
+            yield job.observe(0, out), out
         return
     q: asyncio.Queue = asyncio.Queue()
+    done = object()
 
-    async def pump(i, stream):
-        async for out in stream:
-            await q.put((i, out))
+    async def pump(p, stream):
+        try:
+            async for out in until_failed(stream):
+                await q.put((p, out))
+        finally:
+            q.put_nowait((p, done))
 
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(job.streams)]
+    tasks = [asyncio.ensure_future(pump(p, s)) for p, s in enumerate(job.streams)]
     left = len(job.streams)
     try:
         while left:
-            i, out = await q.get()
-            left -= out.finished
-            job.observe(i, out)
-            yield i, out
+            p, out = await q.get()
+            if out is done:
+                left -= 1
+                continue
+            yield job.observe(p, out), out
     finally:
         for t in tasks:
             t.cancel()
@@ -269,10 +321,12 @@ def error_event(exc: Exception) -> str:
     return sse(error_body(400, err.message, err.param))
 
 
-def failure_event(out: RequestOutput) -> str:
+def failure_event(job: Job, out: RequestOutput) -> str:
     """An SSE error event for a request that failed inside the backend mid-stream."""
     if out.error == SHUTTING_DOWN:
         return sse(error_body(503, SHUTTING_DOWN, None, "shutting_down"))
+    if job.backend.error_status(out.error) == 400:
+        return sse(error_body(400, out.error, field_of(out.error), "unsatisfiable_request"))
     return sse(error_body(500, f"the request failed inside the engine: {out.error}", None,
                           "engine_error"))
 
@@ -286,13 +340,24 @@ def sse(payload) -> str:
     return f"data: {payload}\n\n"
 
 
-def sampling_params(body, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None) -> SamplingParams:
-    """The request body's sampling fields -> SamplingParams (ValueError names the field)."""
+def sampling_params(body, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None,
+                    response_format: ResponseFormat | None = None) -> SamplingParams:
+    """The request body's sampling fields -> SamplingParams (ValueError names the field).
+    response_format: a constraint the route derived (tool_choice), else the body's own."""
     stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
+
+    def given(value, default):
+        return default if value is None else value
+
+    if response_format is None:
+        response_format = ResponseFormat.from_openai(body.response_format)
     return SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=-1 if body.top_k is None else body.top_k, max_tokens=max_tokens,
-        stop=tuple(stop), seed=body.seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-        ignore_eos=body.ignore_eos)
+        temperature=given(body.temperature, 1.0), top_p=given(body.top_p, 1.0),
+        top_k=given(body.top_k, -1), min_p=given(body.min_p, 0.0), max_tokens=max_tokens,
+        stop=tuple(stop), stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed,
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs, ignore_eos=body.ignore_eos,
+        n=body.n, best_of=getattr(body, "best_of", None), min_tokens=given(body.min_tokens, 0),
+        presence_penalty=given(body.presence_penalty, 0.0),
+        frequency_penalty=given(body.frequency_penalty, 0.0),
+        repetition_penalty=given(body.repetition_penalty, 1.0),
+        logit_bias=body.logit_bias or None, response_format=response_format)

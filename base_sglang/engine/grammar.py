@@ -60,10 +60,13 @@ class GrammarCompiler:
         return Grammar(xgr.GrammarMatcher(self.compile(fmt)))
 
     def _compile(self, fmt: ResponseFormat):
+        import xgrammar as xgr
+
         compiler = self._get_compiler()
         schema = JSON_OBJECT_SCHEMA if fmt.type == "json_object" else fmt.schema
         try:
-            return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            return compiler.compile_grammar(without_raw_controls(grammar))
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError / its own errors
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"response_format: the JSON schema is not supported: {msg}") from None
@@ -81,6 +84,23 @@ class GrammarCompiler:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self.max_threads,
                                                      cache_enabled=False)
             return self._compiler
+
+
+# xgrammar (0.2.7 .. 0.2.9) writes the characters of a string with minLength / maxLength as
+# [^"\\\r\n], which admits raw control characters (U+0000..U+001F) that JSON forbids inside a
+# string: seen on the tiny test model, whose output {"name": "W\x02"} json.loads refuses. Its own
+# unbounded strings exclude them ([^\0-\x1f"\\\r\n]); bounded ones get the same class here.
+_LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
+
+def without_raw_controls(grammar):
+    """The grammar with every loose string-character class replaced by JSON's (see above)."""
+    import xgrammar as xgr
+
+    text = str(grammar)
+    return grammar if _LOOSE_CHARS not in text else xgr.Grammar.from_ebnf(
+        text.replace(_LOOSE_CHARS, _JSON_CHARS))
 
 
 class Grammar:

@@ -107,12 +107,17 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     sub = [seqs[b] for b in rows]
     counts = token_counts([s.output_ids for s in sub], V, dev)  # [R, V]
     in_prompt = token_counts([s.prompt_ids for s in sub], V, dev) > 0  # [R, V]
+    # NOTE: a penalty below float32's smallest normal (e.g. 5e-324, valid as a float64 > 0) would
+    # round to 0 here: l * 0 of a masked -inf logit is NaN, l / 0 is inf. Clamp r into float32's
+    # range and the penalised logits below its max, so every logit stays a number.
     rep = torch.tensor([s.params.repetition_penalty for s in sub], device=dev)[:, None]  # [R, 1]
+    rep = rep.clamp_min(torch.finfo(rep.dtype).tiny)
     freq = torch.tensor([s.params.frequency_penalty for s in sub], device=dev)[:, None]  # [R, 1]
     pres = torch.tensor([s.params.presence_penalty for s in sub], device=dev)[:, None]  # [R, 1]
     x = logits[rows]  # [R, V]
     seen = in_prompt | (counts > 0)  # [R, V]
-    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = torch.where(seen, torch.where(x > 0, (x / rep).clamp_max(torch.finfo(x.dtype).max),
+                                      x * rep), x)
     x = x - freq * counts - pres * (counts > 0).float()
     logits = logits.clone()
     logits[rows] = x

@@ -4,6 +4,16 @@ tests/engine/test_tool_calls.py checks base_sglang.engine.tool_calls against the
 
 from __future__ import annotations
 
+# A chat template in the Qwen2.5 style, written for the tests: tools listed in the system turn
+# inside <tools></tools>, calls written as <tool_call>\n{json}\n</tool_call>.
+QWEN_STYLE_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these tools:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
+    "Answer a call as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n"
+    "{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 
 def _tool(name: str, **props) -> dict:
     return {"type": "function", "function": {

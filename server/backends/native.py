@@ -8,6 +8,11 @@ import torch
 
 from base_sglang.core.budget import budget_label
 from base_sglang.engine import AsyncLLMEngine, EngineConfig, LLMEngine
+from base_sglang.engine.llm_engine import NO_TOKEN_LEFT
+
+# failures that the request's own settings caused (answered 400, not 500): its response_format
+# grammar, logit_bias and min_tokens left no token to sample
+CLIENT_ERRORS = frozenset({NO_TOKEN_LEFT})
 
 
 class NativeBackend:
@@ -32,6 +37,12 @@ class NativeBackend:
 
     def abort(self, request_id: str) -> None:
         self.async_engine.abort(request_id)
+
+    def compile_grammar(self, params) -> None:
+        self.engine.compile_grammar(params)  # blocking: the server calls it in a worker thread
+
+    def error_status(self, error: str) -> int:
+        return 400 if error in CLIENT_ERRORS else 500
 
     def abort_all(self, error: str) -> int:
         return self.async_engine.abort_all(error)

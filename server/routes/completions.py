@@ -1,4 +1,5 @@
-"""POST /v1/completions: text completion, streaming, logprobs and echo (lm-eval loglikelihood)."""
+"""POST /v1/completions: text completion, n / best_of choices, streaming, logprobs and echo
+(lm-eval loglikelihood)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ async def create_completion(
         request, body, "completions", lambda: _prompt_ids(request, body.prompt),
         lambda ids: serving.sampling_params(
             body, body.max_tokens if body.max_tokens is not None else 16, body.logprobs,
-            body.logprobs if body.echo else None))
+            body.logprobs if body.echo else None))  # best_of > n with stream: refused in schemas
     if body.stream:
         request.app.state.metrics.observe_response("completions", 200)
         return StreamingResponse(serving.sse_frames(job, _events(job, body)),
@@ -48,18 +49,18 @@ async def create_completion(
 
 
 async def _events(job: serving.Job, body: CompletionRequest):
-    echoed = [False] * len(job.streams)
+    echoed = [False] * len(job.results)
     async for i, out in serving.merged(job):
         if out.error is not None:
-            yield serving.failure_event(out)
+            yield serving.failure_event(job, out)
             continue
-        text, logprobs = out.text, None
+        text, logprobs, p = out.text, None, i // job.n
         if body.echo and not echoed[i]:
-            text = _prompt_text(job, body, i) + text
+            text = _prompt_text(job, body, p) + text
             echoed[i] = True
         if body.logprobs is not None:
             logprobs = _logprobs(job, out.prompt_logprobs if body.echo else None,
-                                 out.logprobs or [], job.prompts[i])
+                                 out.logprobs or [], job.prompts[p])
         if not (text or logprobs or out.finished):
             continue
         reason = out.finish_reason if out.finished and out.finish_reason != "abort" else None
@@ -75,22 +76,24 @@ async def _events(job: serving.Job, body: CompletionRequest):
 
 
 def _choice(job: serving.Job, body, i: int, res: serving.Result) -> CompletionChoice:
-    text = (_prompt_text(job, body, i) if body.echo else "") + res.text
+    p = i // job.n
+    text = (_prompt_text(job, body, p) if body.echo else "") + res.text
     logprobs = None
     if body.logprobs is not None:
         logprobs = _logprobs(job, res.prompt_logprobs if body.echo else None, res.logprobs,
-                             job.prompts[i])
+                             job.prompts[p])
     return CompletionChoice(index=i, text=text, logprobs=logprobs,
                             finish_reason=res.last.finish_reason)
 
 
-def _prompt_text(job: serving.Job, body, i: int) -> str:
-    p = body.prompt
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and p and isinstance(p[0], str):
-        return p[i]
-    return job.backend.tokenizer.decode(job.prompts[i])
+def _prompt_text(job: serving.Job, body, p: int) -> str:
+    """The text of prompt p (echo)."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return prompt[p]
+    return job.backend.tokenizer.decode(job.prompts[p])
 
 
 def _logprobs(job: serving.Job, prompt_lps, gen_lps, prompt_ids) -> CompletionLogprobs:

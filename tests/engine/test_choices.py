@@ -206,3 +206,13 @@ def test_async_stream_ends_after_every_choice(engine):
     assert sorted(o.index for o in outs if o.finished) == [0, 1, 2]
     assert outs[-1].finished and sum(len(o.token_ids) for o in outs) == 12
     assert [o.index for o in held] == [0, 1] and all(o.finished for o in held)
+
+
+def test_the_protocol_states_the_engines_choice_seeds_and_json_object():
+    """The sglang backend derives choice seeds and json_object from protocol.py (it must not
+    import the native engine): the same values as the engine's."""
+    from base_sglang import protocol
+    from base_sglang.engine import grammar, llm_engine
+
+    assert protocol.SEED_STRIDE == llm_engine.SEED_STRIDE
+    assert protocol.JSON_OBJECT_SCHEMA == grammar.JSON_OBJECT_SCHEMA

@@ -68,6 +68,18 @@ def test_repetition_then_frequency_order_as_vllm():
     assert got == [1.0, -4.0 - 1.0, 1.0]  # 2/2; -2*2 then -0.5*2; untouched
 
 
+def test_a_tiny_repetition_penalty_keeps_every_logit_a_number():
+    """5e-324 is a valid float64 > 0 but 0 in float32: masked (-inf) logits must not become NaN,
+    nor positive ones inf (the server answered 500 for it, schemathesis found it)."""
+    logits = torch.tensor([[3.0, -float("inf"), -1.0, 1e30]])
+    s = seq([0, 1, 2, 3], repetition_penalty=5e-324)
+    got = apply_penalties(logits.clone(), [s])[0]
+    assert not got.isnan().any() and got[1] == -float("inf")
+    assert torch.isfinite(got[[0, 2, 3]]).all() and got[0] > 1e30
+    greedy = Sampler()(logits, [seq([0, 1, 2, 3], temperature=0.0, repetition_penalty=5e-324)])
+    assert greedy in ([0], [3])  # never the masked token
+
+
 def test_logit_bias_adds_per_row_and_minus_100_bans():
     logits = torch.zeros(2, V)
     rows = [seq([1], logit_bias={"3": 100, 5: -100.0}), seq([1])]

@@ -14,17 +14,7 @@ from base_sglang.engine.tool_calls import (
     supports_tools,
     tool_call_format,
 )
-from base_sglang.testing.tool_call_cases import CASES, TOOLS
-
-# A chat template in the Qwen2.5 style, written for this test: tools listed in the system turn
-# inside <tools></tools>, calls written as <tool_call>\n{json}\n</tool_call>.
-QWEN_STYLE_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call these tools:\n<tools>"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
-    "Answer a call as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n"
-    "{%- endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+from base_sglang.testing.tool_call_cases import CASES, QWEN_STYLE_TEMPLATE, TOOLS
 
 
 @pytest.mark.parametrize("name,text,normal,calls", CASES, ids=[c[0] for c in CASES])

@@ -9,6 +9,7 @@ real code: SGLang's own argument parser, ServerArgs, the plugin hooks, SamplingP
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -235,3 +236,142 @@ def test_openai_routes_over_the_sglang_backend(plugin_env, tiny_model):
         assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
         assert "base_requests_total" in client.get("/metrics").text
     assert engine.stopped
+
+
+# ---- the OpenAI surface over the sglang backend ---------------------------------------------------
+def test_sampling_controls_map_onto_sglang_fields(base_state):
+    """Every control becomes SGLang's own field, and SGLang's SamplingParams (normalize + verify
+    against the vocabulary) accepts the values; the budget still reaches the Req."""
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams
+
+    from base_sglang.protocol import ResponseFormat
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    params = SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, max_tokens=9, min_tokens=2, seed=2**64 - 1,
+        stop=("x",), stop_token_ids=(7, 9), logit_bias={3: -100.0, 5: 2.5},
+        presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.3,
+        response_format=ResponseFormat.create("json_schema", schema))
+    sp = backend.sglang_sampling_params(params, 4, index=1)
+    assert (sp["min_p"], sp["min_new_tokens"], sp["stop_token_ids"]) == (0.1, 2, [7, 9])
+    assert (sp["presence_penalty"], sp["frequency_penalty"], sp["repetition_penalty"]) == \
+        (0.5, -1.0, 1.3)
+    assert sp["logit_bias"] == {"3": -100.0, "5": 2.5}  # SGLang keys token ids as strings
+    assert json.loads(sp["json_schema"]) == schema
+    assert sp["sampling_seed"] == backend.choice_seed(2**64 - 1, 1)
+    sgl = SGLangParams(**sp)
+    sgl.verify(vocab_size=64)  # SGLang's own range checks (seed in int64, logit_bias keys, ...)
+    req = _scheduled_req("r", _generate(sp).sampling_params)
+    assert token_budgets([req], default=5, num_experts=E) == [4]
+    obj = backend.sglang_sampling_params(SamplingParams(
+        response_format=ResponseFormat.create("json_object")), None)
+    assert obj["json_schema"] == '{"type": "object"}' and "custom_params" not in obj
+
+
+def test_choice_seeds_are_distinct_signed_int64():
+    seeds = [backend.choice_seed(2**64 - 1, i) for i in range(4)]
+    assert len(set(seeds)) == 4 and all(-(2**63) <= s < 2**63 for s in seeds)
+    assert backend.choice_seed(7, 0) == 7 and backend.choice_seed(None, 3) is None
+
+
+class ChoicesEngine(FakeEngine):
+    """FakeEngine answering each choice's rid with its own tokens and logprobs, the warm-up
+    prefill (stream=False) with a dict, (refuse=True) a grammar refusal as SGLang sends it, and
+    (hang=True) nothing after the first token."""
+
+    def __init__(self, tokenizer, refuse=False, hang=False):
+        super().__init__(tokenizer)
+        self.refuse, self.hang = refuse, hang
+
+    async def async_generate(self, **kwargs):
+        self.calls.append(kwargs)
+        if not kwargs.get("stream"):
+            return {"text": "", "output_ids": [], "meta_info": {"finish_reason": {
+                "type": "length", "length": 0}, "prompt_tokens": 3, "completion_tokens": 0}}
+        i = int(kwargs["rid"].rsplit("-", 1)[1]) if "-" in kwargs["rid"] else 0
+        lp = -1.0 - i if i != 2 else -0.1  # choice 2 is the most likely
+
+        async def stream():
+            if self.refuse:
+                yield {"text": "", "output_ids": [], "meta_info": {"id": "x", "finish_reason": {
+                    "type": "abort", "status_code": 400, "message": "Invalid grammar"},
+                    "prompt_tokens": 3, "completion_tokens": 0}}
+                return
+            yield _chunk(f"c{i}", [10 + i], 1, logprobs=[(lp, 10 + i)])
+            if self.hang:  # a long generation: the client leaves before it ends
+                await asyncio.sleep(3600)
+            yield _chunk(" end", [20 + i], 2, {"type": "length", "length": 2},
+                         logprobs=[(lp, 20 + i)])
+
+        return stream()
+
+
+def _app(engine, tiny_model):
+    from fastapi.testclient import TestClient
+
+    from base_sglang.server.app import create_app
+
+    be = backend.SGLangBackend(engine, "tiny", num_experts=E, policy="base")
+    return be, TestClient(create_app(be, Settings(model=str(tiny_model), backend="sglang")))
+
+
+def test_n_and_best_of_over_sglang(plugin_env, tiny_model):
+    from transformers import AutoTokenizer
+
+    engine = ChoicesEngine(AutoTokenizer.from_pretrained(tiny_model))
+    be, client = _app(engine, tiny_model)
+    with client:
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 3,
+                                                 "max_tokens": 2, "seed": 5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [c["text"] for c in body["choices"]] == ["c0 end", "c1 end", "c2 end"]
+        assert body["usage"]["completion_tokens"] == 6 and body["usage"]["prompt_tokens"] == 3
+        warm, *calls = engine.calls[-4:]
+        assert warm["sampling_params"]["max_new_tokens"] == 0 and not warm.get("stream")
+        assert [c["rid"].rsplit("-", 1)[1] for c in calls] == ["0", "1", "2"]
+        assert len({c["sampling_params"]["sampling_seed"] for c in calls}) == 3
+        best = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 1,
+                                                    "best_of": 3, "max_tokens": 2}).json()
+        assert [c["text"] for c in best["choices"]] == ["c2 end"]  # the highest logprob sum
+        assert all(c["return_logprob"] for c in engine.calls[-3:])  # ranking needs them
+        chat = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2,
+            "stream": True, "max_tokens": 2})
+        events = [json.loads(x[6:]) for x in chat.text.split("\n\n") if x.startswith("data: {")]
+        text = {0: "", 1: ""}
+        for e in events:
+            text[e["choices"][0]["index"]] += e["choices"][0]["delta"].get("content") or ""
+        assert text == {0: "c0 end", 1: "c1 end"}
+        native = client.post("/generate", json={"text": "hi", "sampling_params": {
+            "max_new_tokens": 2, "n": 2}}).json()  # SGLang's own route shape, same path
+        assert [o["text"] for o in native] == ["c0 end", "c1 end"]
+    assert not be._children  # every request's choices were released
+
+
+def test_leaving_a_multi_choice_stream_aborts_every_choice(plugin_env, tiny_model):
+    from transformers import AutoTokenizer
+
+    engine = ChoicesEngine(AutoTokenizer.from_pretrained(tiny_model), hang=True)
+    be = backend.SGLangBackend(engine, "tiny", num_experts=E, policy="base")
+
+    async def leave_early():
+        stream = be.generate([1, 2, 3], SamplingParams(max_tokens=2, n=2), 3, "req")
+        await stream.__anext__()
+        await stream.aclose()
+
+    asyncio.run(leave_early())
+    assert {"req-0", "req-1"} <= set(engine.aborted) and not be._children
+
+
+def test_a_grammar_sglang_refuses_is_a_400(plugin_env, tiny_model):
+    from transformers import AutoTokenizer
+
+    _, client = _app(ChoicesEngine(AutoTokenizer.from_pretrained(tiny_model), refuse=True),
+                     tiny_model)
+    with client:
+        r = client.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert "Invalid grammar" in r.json()["error"]["message"]

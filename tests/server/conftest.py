@@ -93,3 +93,25 @@ def proxy_server():
     app = create_app(backend, settings)
     with serve_app(app) as url:
         yield LiveServer(url, app, backend, str(DEFAULT_MODEL_DIR))
+
+
+@pytest.fixture(scope="module")
+def tools_server(server_model_dir, tmp_path_factory):
+    """The tiny model with a Qwen-style chat template that renders tools (tool_call_cases.py)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from base_sglang.testing.tool_call_cases import QWEN_STYLE_TEMPLATE
+
+    model_dir = tmp_path_factory.mktemp("tiny-tools-moe") / "m"
+    shutil.copytree(server_model_dir, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = QWEN_STYLE_TEMPLATE
+    tok.save_pretrained(model_dir)
+    settings = Settings(model=str(model_dir), served_model_name=MODEL, policy="base",
+                        default_budget="dense", max_running_requests=8, max_waiting_requests=8)
+    backend = create_backend(settings)
+    app = create_app(backend, settings)
+    with serve_app(app) as url:
+        yield LiveServer(url, app, backend, str(model_dir))

@@ -52,7 +52,8 @@ def test_budget_outside_the_allowed_range(server, settings_override):
 
 
 @pytest.mark.parametrize("change,param", [
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 2}, "n"),
+    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
+    ({"n": 129}, "n"), ({"n": 17}, "n"),  # 17 choices exceed the 16 running sequences
     ({"max_tokens": 100000}, "max_tokens"), ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": []}, "prompt"), ({"prompt": [10**7]}, "prompt"), ({"logprobs": 50}, "logprobs"),
     ({"stop": [""]}, "stop"), ({"model": None}, "model"),
