@@ -27,10 +27,16 @@ python -m pytest -m "not slow" "$@"   # tests/plugin is skipped here (no sglang 
 # The engine and evaluation paths on the lowest and highest transformers the project allows
 # (pyproject: >=5.17,<5.20), whatever the main environment resolved: a venv per version over the
 # main environment's packages, with only transformers replaced.
+# (--system-site-packages alone would give the base interpreter's packages when this runs inside a
+# venv, hence the .pth naming the main environment's site-packages; this checkout installed -e.)
+MAIN_SITE="$(python -c 'import site; print("\n".join(site.getsitepackages()))')"
 for tf in 5.17.0 5.19.0; do
     TF_VENV="$HOME/.cache/base-sglang/venv-transformers-$tf"
     [ -x "$TF_VENV/bin/python" ] || python -m venv --system-site-packages "$TF_VENV"
+    printf '%s\n' "$MAIN_SITE" > "$("$TF_VENV/bin/python" -c \
+        'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base-sglang-main-env.pth"
     "$TF_VENV/bin/python" -m pip install -q "transformers==$tf"
+    "$TF_VENV/bin/python" -m pip install -q --no-deps -e .
     "$TF_VENV/bin/python" -m pytest -m "not slow" -p no:cacheprovider tests/engine \
         tests/core/test_hf_model.py tests/calibration/test_eval_cli.py "$@"
 done
