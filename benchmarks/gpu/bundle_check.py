@@ -64,6 +64,9 @@ CHAIN = (
     "sglang.srt.models.mixtral",
     "sglang.srt.constrained.xgrammar_backend",
     "sglang.srt.sampling.sampling_batch_info",
+    # base-serve --backend sglang: its settings and HTTP layer (server/settings.py, server/app.py)
+    "pydantic_settings",
+    "uvicorn",
 )
 CUDA_ONLY = ("sgl_kernel", "flashinfer.fused_moe", "flashinfer.gemm", "flashinfer.fp4_quantization")
 VERSIONS = ("torch", "triton", "sglang", "sgl_kernel", "transformers", "tokenizers", "flashinfer",

@@ -117,6 +117,31 @@ def import_bench_serving():
     raise RuntimeError("bench_serving did not import")
 
 
+def warm_argv(args, conc: int, dataset: Path, scratch: Path) -> list[str]:
+    """bench_serving arguments of a warm-up run: dense, one prompt per slot, into a scratch file."""
+    argv = bench_argv(args, args.flavor, "dense", conc, dataset)
+    argv[argv.index("--num-prompts") + 1] = str(conc)
+    argv[argv.index("--output-file") + 1] = str(scratch)
+    argv[argv.index("--tag") + 1] = f"warmup/c{conc}"
+    return argv
+
+
+def warm(bs, args, dataset: Path) -> None:
+    """One unrecorded dense pass per concurrency before anything is measured: the first prefill of
+    each batch shape compiles Triton kernels (seen on the H200: the first measured run's TTFT was
+    8x the later ones'), which would otherwise count against whichever budget runs first."""
+    scratch = Path(args.out) / "_warmup.jsonl"
+    for conc in args.concurrency:
+        sys.argv = ["sglang.bench_serving", *warm_argv(args, conc, dataset, scratch)]
+        t0 = time.perf_counter()
+        try:
+            bs.cli_main()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the measured runs report failures
+            print(f"[sweep] warm-up c{conc} failed: {exc!r}", flush=True)
+        print(f"[sweep] warm-up c{conc} (not recorded): {time.perf_counter() - t0:.1f} s", flush=True)
+    scratch.unlink(missing_ok=True)
+
+
 def sweep(args) -> int:
     # no network on the device: without this, bench_serving's hub look-ups for the model name
     # (check_chat_template) wait on timeouts, ~45 s per run (measured on CPU)
@@ -127,6 +152,7 @@ def sweep(args) -> int:
               flush=True)
     dataset = write_dataset(Path(args.out) / "_sharegpt_random.json", args.vocab)
     t_start = time.perf_counter()
+    warm(bs, args, dataset)
     done = 0
     for budget in args.budgets:
         for conc in args.concurrency:

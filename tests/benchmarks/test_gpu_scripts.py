@@ -386,6 +386,20 @@ def test_serving_sweep_arguments(capsys):
                                   "--model", "m", "--tokenizer", "t", "--budgets", "0"])
 
 
+def test_serving_sweep_warm_up_is_dense_small_and_unrecorded(tmp_path):
+    args = serving_sweep.parse_args(["--out", str(tmp_path), "--base-url", "u", "--flavor", "sglang",
+                                     "--model", "m", "--tokenizer", "t", "--budgets", "16"])
+    argv = serving_sweep.warm_argv(args, 32, tmp_path / "d.json", tmp_path / "_warmup.jsonl")
+    val = {k: argv[i + 1] for i, k in enumerate(argv) if k.startswith("--") and i + 1 < len(argv)}
+    assert val["--num-prompts"] == "32" and val["--max-concurrency"] == "32"
+    assert val["--output-file"] == str(tmp_path / "_warmup.jsonl")  # never the recorded JSONL
+    assert val["--tag"] == "warmup/c32"
+    assert "--extra-request-body" not in argv  # dense
+    measured = serving_sweep.bench_argv(args, "sglang", "16", 32, tmp_path / "d.json")
+    assert "--extra-request-body" in measured
+    assert measured[measured.index("--output-file") + 1].endswith(serving_sweep.JSONL)
+
+
 # ---- the plugin's per-step trace (BASE_STEP_TRACE) ------------------------------------------------------
 def test_plugin_step_trace_writes_one_line_per_decode_step(tmp_path, monkeypatch):
     from base_sglang.plugin.config import PluginConfig
