@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from base_sglang.core import Predictor, SelectionConfig, select_experts
+from base_sglang.core import DEFAULT_POLICY, Predictor, SelectionConfig, select_experts
 
 from .config import PluginConfig
 
@@ -30,7 +30,7 @@ class PluginState:
     config: PluginConfig = field(default_factory=PluginConfig)
     config_error: str | None = None  # a bad BASE_* variable, raised at startup by the hooks
     predictor: Predictor | None = None  # on the model's device; None = BASE off in this process
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    selection: SelectionConfig = field(default_factory=lambda: SelectionConfig(policy=DEFAULT_POLICY))
     num_experts: int = 0
     select: Callable = select_experts  # core, or base_sglang.kernels.base_select_experts
     budget: torch.Tensor | None = None  # [N] int32 on the model's device, -1 = padded row
