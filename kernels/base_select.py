@@ -182,7 +182,8 @@ def base_select(
     check_tensor("ids", ids, (T, K), ID_DTYPES, dev)
     check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev)
     check_tensor("budget", budget, (T,), ID_DTYPES, dev)
-    check(combine in COMBINE_MODES, f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
+    check(combine in COMBINE_MODES,
+          f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
     check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
     new_ids = torch.empty_like(ids)
     new_w = torch.empty_like(weights)
@@ -197,8 +198,9 @@ def base_select(
     block_e = triton.next_power_of_2(E)
     _base_select_kernel[(T,)](
         cost, ids, weights, logits, budget, new_ids, new_w, d, in_s, counts, removed,
-        T, logits.stride(0), float(alpha), E=E, K=K, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(K),
-        BLOCK_P=max(16, min(128, 16384 // block_e)), BLOCK_T=min(triton.next_power_of_2(T), 256),
-        BACKFILL=backfill, COMBINE=COMBINE_MODES[combine], USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
+        T, logits.stride(0), float(alpha), E=E, K=K, BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(K), BLOCK_P=max(16, min(128, 16384 // block_e)),
+        BLOCK_T=min(triton.next_power_of_2(T), 256), BACKFILL=backfill,
+        COMBINE=COMBINE_MODES[combine], USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
         **launch_kwargs(pdl))
     return new_ids, new_w, d, in_s, counts, removed
