@@ -1,4 +1,4 @@
-"""Documents in, token windows out: reading .txt/.jsonl, the calibration/evaluation split, windows.
+"""Documents in, token windows out: reading .txt/.jsonl, the calibration/tuning/reporting split, windows.
 
 Document boundaries
   .jsonl : one JSON object per line with a "text" field (or "content").
@@ -9,7 +9,12 @@ Document boundaries
 Split (deterministic, content-addressed): a document belongs to the evaluation half when
     int(sha1(text)[:8 bytes]) % 100 < eval_percent        (default 50)
 and to the calibration half otherwise, so `base-calibrate` never sees the documents `base-eval` scores,
-whatever order the file lists them in.
+whatever order the file lists them in. The evaluation half is split again, by the next 8 bytes of the
+same hash, into a tuning part and a reporting part:
+    tune   : eval documents with int(sha1(text)[8:16 bytes]) % 100 < tune_percent   (default 30)
+    report : the other eval documents
+Policy knobs are chosen on `tune`; the published tables score `report` (base-eval's default), which no
+choice was made on.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-SPLITS = ("calib", "eval", "all")
+SPLITS = ("calib", "eval", "tune", "report", "all")
 DEFAULT_EVAL_PERCENT = 50
+DEFAULT_TUNE_PERCENT = 30
 _SEP = re.compile(r"^(?:<\|endoftext\|>|<\|doc\|>|<<<[^\n]*>>>)[ \t]*$", re.MULTILINE)
 
 
@@ -66,20 +72,35 @@ def _pieces(text: str, max_chars: int) -> Iterable[str]:
         yield cur
 
 
+def _hash_parts(text: str) -> tuple[int, int]:
+    digest = hashlib.sha1(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % 100, int.from_bytes(digest[8:16], "big") % 100
+
+
 def is_eval_doc(text: str, eval_percent: int = DEFAULT_EVAL_PERCENT) -> bool:
-    h = int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big")
-    return h % 100 < eval_percent
+    return _hash_parts(text)[0] < eval_percent
 
 
-def split_documents(docs: list[str], split: str, eval_percent: int = DEFAULT_EVAL_PERCENT) -> list[str]:
+def doc_split(text: str, eval_percent: int = DEFAULT_EVAL_PERCENT,
+              tune_percent: int = DEFAULT_TUNE_PERCENT) -> str:
+    """"calib", "tune" or "report" (tune and report together are the eval half)."""
+    first, second = _hash_parts(text)
+    if first >= eval_percent:
+        return "calib"
+    return "tune" if second < tune_percent else "report"
+
+
+def split_documents(docs: list[str], split: str, eval_percent: int = DEFAULT_EVAL_PERCENT,
+                    tune_percent: int = DEFAULT_TUNE_PERCENT) -> list[str]:
     if split not in SPLITS:
         raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
-    if not 0 <= eval_percent <= 100:
-        raise ValueError(f"eval_percent: must be in [0, 100], got {eval_percent}")
+    for name, v in (("eval_percent", eval_percent), ("tune_percent", tune_percent)):
+        if not 0 <= v <= 100:
+            raise ValueError(f"{name}: must be in [0, 100], got {v}")
     if split == "all":
         return list(docs)
-    want_eval = split == "eval"
-    return [d for d in docs if is_eval_doc(d, eval_percent) == want_eval]
+    parts = {"eval": ("tune", "report")}.get(split, (split,))
+    return [d for d in docs if doc_split(d, eval_percent, tune_percent) in parts]
 
 
 def tokenize_documents(tokenizer, docs: list[str]) -> list[list[int]]:

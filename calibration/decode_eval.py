@@ -31,6 +31,7 @@ class Setting:
     value: float | str
     config: SelectionConfig
     budget: int  # per-row budget handed to decode_step (M, D, or E = no batch budget)
+    max_error: float | None = None  # per-row predicted-error bound (error-targeted budgets)
 
 
 @dataclass
@@ -89,6 +90,8 @@ def run_batch(model: nn.Module, patch: MoEPatch, tokens: torch.Tensor, prefix: i
     B = tokens.shape[0]
     patch.set_config(setting.config)
     budget = torch.full((B,), setting.budget, dtype=torch.long, device=tokens.device)  # [B]
+    max_error = None if setting.max_error is None else torch.full(
+        (B,), float(setting.max_error), device=tokens.device)  # [B]
     lp_t, am, lps, kls = [], [], [], []
     trace = Trace(torch.empty(0), torch.empty(0))
     with torch.no_grad():
@@ -98,7 +101,7 @@ def run_batch(model: nn.Module, patch: MoEPatch, tokens: torch.Tensor, prefix: i
             tok = tokens[:, prefix + s:prefix + s + 1]  # [B, 1]
             if probe is not None:
                 probe.active = True
-            with decode_step(budget) as st:
+            with decode_step(budget, max_error=max_error) as st:
                 logits = model(input_ids=tok, past_key_values=cache, use_cache=True).logits
             if probe is not None:
                 probe.active = False

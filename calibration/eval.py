@@ -3,7 +3,8 @@
     base-eval --model PATH --predictor FILE --data FILE --batch-size 16 --prefix 64 --steps 64 \
         --policies base,oracle,gate_sum,frequency,exfold,oea,sere,lynx --out benchmarks/results/NAME
 
-Scores only the evaluation half of the documents (data.py), which base-calibrate never uses. Writes
+Scores the reporting part of the evaluation half (data.py): base-calibrate never sees it and no policy
+knob was chosen on it (knobs are tuned with --split tune). Writes
 NAME.json, NAME.csv and NAME.png.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from base_sglang.calibration.config import run_cli
 from base_sglang.calibration.data import (
     DEFAULT_EVAL_PERCENT,
+    DEFAULT_TUNE_PERCENT,
     SPLITS,
     distinct_batches,
     read_documents,
@@ -33,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor", default=None, help="predictor file from base-calibrate")
     p.add_argument("--data", required=True, help="held-out text: .txt or .jsonl")
     p.add_argument("--out", required=True, help="output path stem (writes .json, .csv, .png)")
-    p.add_argument("--split", default="eval", choices=SPLITS)
+    p.add_argument("--split", default="report", choices=SPLITS,
+                   help="documents to score: report (default, never used to choose a knob), tune, "
+                        "eval (= tune + report), calib, all")
     p.add_argument("--eval-percent", type=int, default=DEFAULT_EVAL_PERCENT)
+    p.add_argument("--tune-percent", type=int, default=DEFAULT_TUNE_PERCENT)
     p.add_argument("--batch-size", type=int, default=16, help="decode batch B (rows from different documents)")
     p.add_argument("--num-batches", type=int, default=4, help="batches of B windows to score")
     p.add_argument("--prefix", type=int, default=64, help="tokens prefilled densely")
@@ -43,12 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
-    p.add_argument("--renorm", default="native", choices=("native", "always", "never"),
-                   help="combine weights after selection for the backfill policies (ablation)")
+    p.add_argument("--renorm", default="native", choices=("native", "always", "never", "partial"),
+                   help="combine weights after selection for the backfill policies (ablation; native = "
+                        "each policy's own rule: partial for base_plus/oracle_plus)")
+    p.add_argument("--renorm-alpha", type=float, default=0.5,
+                   help="exponent of partial renormalisation (base_plus, oracle_plus, --renorm partial)")
     p.add_argument("--no-backfill", action="store_true",
                    help="drop removed slots instead of backfilling them (ablation)")
     p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
                    help="Lynx keep thresholds tau to sweep (default 1, 1/4, 1/B, 1/B^2)")
+    p.add_argument("--max-errors", type=float, nargs="*", default=None,
+                   help="also run base_plus with error-targeted budgets: each row's predicted relative "
+                        "error per MoE layer bounded by each of these values (core/error_budget.py)")
     p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
@@ -74,6 +85,8 @@ def _validate(args) -> list[str]:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
         if p in NEEDS_PREDICTOR and not args.predictor:
             raise ValueError(f"predictor: policy {p!r} needs --predictor (a base-calibrate file)")
+    if args.max_errors and not args.predictor:
+        raise ValueError("predictor: --max-errors needs --predictor (a base-calibrate file)")
     return policies
 
 
@@ -102,7 +115,8 @@ def run(args) -> int:
         predictor = predictor.to(next(model.parameters()).device)
     desc = describe_model_config(model.config)
     E, K = int(desc["num_experts"]), int(desc["top_k"])
-    docs = split_documents(read_documents(args.data), args.split, args.eval_percent)
+    docs = split_documents(read_documents(args.data), args.split, args.eval_percent,
+                           args.tune_percent)
     length = args.prefix + args.steps + 1
     wins = windows(tokenize_documents(tokenizer, docs), length)
     batches = distinct_batches(wins, args.batch_size, args.num_batches)
@@ -127,8 +141,9 @@ def run(args) -> int:
         raise ValueError(f"budgets: must be >= 1, got {budgets}")
     half_m = max(1, round(union / 2))
     taus = args.lynx_tau or [1.0, 0.25, 1 / args.batch_size, 1 / args.batch_size ** 2]
-    settings = build_settings(policies, E, K, budgets, renorm=args.renorm,
-                              backfill=not args.no_backfill, lynx_taus=taus)[1:]
+    settings = build_settings(policies, E, K, budgets, renorm=args.renorm, renorm_alpha=args.renorm_alpha,
+                              backfill=not args.no_backfill, lynx_taus=taus,
+                              max_errors=tuple(args.max_errors or ()))[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -138,14 +153,17 @@ def run(args) -> int:
     if probe is not None:
         probe.remove()
 
-    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None)
+    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None, top_k=K)
     meta = {
         "model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name if args.predictor else None,
         "data": Path(args.data).name, "command": "base-eval " + " ".join(args.argv),
         "settings": {"batch_size": args.batch_size, "num_batches": len(batches), "prefix": args.prefix,
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
+                     "tune_percent": args.tune_percent,
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
-                     "backfill": not args.no_backfill, "lynx_taus": taus, "device": str(dev),
+                     "renorm_alpha": args.renorm_alpha,
+                     "backfill": not args.no_backfill, "lynx_taus": taus,
+                     "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                      "energy_probe": probe is not None, "documents": len(docs)},
         "num_experts": E, "top_k": K, "dense_union": union, "seconds": round(time.time() - t0, 1),
@@ -159,10 +177,15 @@ def run(args) -> int:
 
 
 def _checks_text(c: dict) -> str:
-    lines = [f"BASE best non-oracle at every matched cost: {c.get('all_base_best_non_oracle')}",
-             f"BASE within 10% of the oracle's increase at every M: {c.get('all_base_within_10pct_of_oracle')}"]
+    p = c.get("policy")
+    lines = [f"{p} unbeaten by every other policy at equal or lower cost: {c.get('unbeaten')}"
+             + (f" (beaten by {', '.join(c['beaten_by'])})" if c.get("beaten_by") else ""),
+             f"{p} within 10% of the oracle's increase at every M >= k: "
+             f"{c.get('all_within_10pct_of_oracle')}",
+             f"{p} within 10% of oracle_plus's increase at every M >= k: "
+             f"{c.get('all_within_10pct_of_oracle_plus')}"]
     if "half_union_M" in c:
-        lines.append(f"half dense union M={c['half_union_M']}: dppl {c['half_union_base_dppl_pct']:.2f}% "
+        lines.append(f"half dense union M={c['half_union_M']}: dppl {c['half_union_dppl_pct']:.2f}% "
                      f"(<= 2%: {c['half_union_within_2pct']})")
     if "predictor_spearman_min" in c:
         lines.append(f"predictor Spearman (min over layers): {c['predictor_spearman_min']:.3f}")

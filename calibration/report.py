@@ -13,7 +13,9 @@ import torch
 
 COLUMNS = ("setting", "policy", "knob", "value", "experts", "union", "nll", "ppl", "dnll", "dnll_se",
            "dppl_pct", "agree", "kl", "energy", "tokens", "seconds")
-STYLE = {"base": ("tab:red", "o", "-"), "oracle": ("black", "*", "--"), "gate_sum": ("tab:blue", "s", "-"),
+STYLE = {"base_plus": ("tab:red", "o", "-"), "oracle_plus": ("gray", "*", "--"),
+         "base_plus_err": ("darkred", "h", ":"),
+         "base": ("tab:pink", "o", "-"), "oracle": ("black", "*", "--"), "gate_sum": ("tab:blue", "s", "-"),
          "frequency": ("tab:green", "^", "-"), "exfold": ("tab:purple", "D", "-"),
          "oea": ("tab:orange", "v", ":"), "sere": ("tab:brown", "P", ""), "lynx": ("tab:cyan", "X", "")}
 
@@ -33,9 +35,16 @@ def environment() -> dict:
     except OSError:
         pass
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = ""
     return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain",
             "--untracked-files=no")), "cpu": cpu or platform.processor(), "gpu": dev,
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": tf_version,
             "python": platform.python_version()}
 
 

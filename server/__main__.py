@@ -22,7 +22,8 @@ FLAGS = {  # field -> help
     "model": "Hugging Face MoE checkpoint directory (default: the embedded proxy model)",
     "served_model_name": "model id clients send (default: the directory name)",
     "predictor": "predictor file (default: <model>/predictor.safetensors)",
-    "policy": "expert selection policy in decode steps (base, dense, gate_sum, ...)",
+    "policy": "expert selection policy in decode steps (base_plus; base = the paper's BASE, dense, "
+              "gate_sum, ...)",
     "default_budget": "budget of requests that set none: experts per MoE layer per step, or dense",
     "min_budget": "smallest budget a request may ask for",
     "max_budget": "largest budget a request may ask for (default: E, i.e. dense allowed)",

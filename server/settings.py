@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from base_sglang.core import POLICIES
+from base_sglang.core import DEFAULT_POLICY, POLICIES
 from base_sglang.core.budget import parse_budget
 from base_sglang.engine.config import DEFAULT_MODEL_DIR
 
@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     model: str = str(DEFAULT_MODEL_DIR)
     served_model_name: str | None = None  # /v1/models id; default: the model directory's name
     predictor: str | None = None  # default: <model>/predictor.safetensors when present
-    policy: str = "base"
+    policy: str = DEFAULT_POLICY  # base_plus; "base" is the paper's BASE
     default_budget: str = "dense"  # experts per MoE layer per decode step, or "dense"
     min_budget: int = Field(1, ge=1)
     max_budget: int | None = Field(None, ge=1)  # default: E (dense allowed)

@@ -4,23 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("dense", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere", "lynx")
-RENORM_MODES = ("native", "always", "never")
+POLICIES = ("dense", "base_plus", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere",
+            "lynx")
+# the project's default: BASE's kept set with partial renormalisation (see SelectionConfig.renorm)
+DEFAULT_POLICY = "base_plus"
+RENORM_MODES = ("native", "always", "never", "partial")
 # policies whose kept-set size is the batch budget M (the others use their own knobs)
-BUDGETED_POLICIES = ("base", "oracle", "exfold", "gate_sum", "frequency")
+BUDGETED_POLICIES = ("base_plus", "base", "oracle", "exfold", "gate_sum", "frequency")
 # policies that read calibration statistics (the predictor file)
-STAT_POLICIES = {"base": "predictor", "sere": "sere_sim", "exfold": "exfold_coef",
-                 "frequency": "expert_freq"}
+STAT_POLICIES = {"base_plus": "predictor", "base": "predictor", "sere": "sere_sim",
+                 "exfold": "exfold_coef", "frequency": "expert_freq"}
+# policies whose "native" combine rule is partial renormalisation instead of the model's convention
+PARTIAL_NATIVE = ("base_plus",)
 
 
 @dataclass(frozen=True)
 class SelectionConfig:
     """How one MoE layer turns the router's top-k into what it executes in a decode step.
 
-    policy     : one of POLICIES.
+    policy     : one of POLICIES. "base" is the paper's BASE; "base_plus" (DEFAULT_POLICY) keeps BASE's
+                 kept set and backfill and combines with partial renormalisation.
     backfill   : fill freed slots with the token's next-preferred kept experts (BASE); False = drop only.
-    renorm     : "native" follows the model (renormalise iff norm_topk_prob), "always" rescales the
-                 final set to the token's original total weight, "never" keeps each expert's own weight.
+    renorm     : "native" follows the policy's own rule: the model's convention (renormalise iff
+                 norm_topk_prob) for every policy but base_plus, whose rule is "partial".
+                 "always" rescales the final set to the token's original total weight W, "never" keeps
+                 each expert's own weight (backfilled experts get p scaled like the routed ones), and
+                 "partial" multiplies the "never" weights of a token by (W / their sum) ** renorm_alpha,
+                 between never (alpha 0) and always (alpha 1).
+    renorm_alpha: exponent of "partial" renormalisation, in [0, 1].
     sere_s, sere_rho : SERE primary slots S and critical-expert threshold rho.
     oea_k0     : OEA baseline experts per token.
     lynx_alpha, lynx_beta, lynx_tau : Lynx bin width (inverse), number of bins, keep threshold.
@@ -30,6 +41,7 @@ class SelectionConfig:
     policy: str = "base"
     backfill: bool = True
     renorm: str = "native"
+    renorm_alpha: float = 0.5
     sere_s: int = 1
     sere_rho: float = 0.0
     oea_k0: int = 2
@@ -43,6 +55,8 @@ class SelectionConfig:
             raise ValueError(f"policy: unknown policy {self.policy!r}; choose one of {POLICIES}")
         if self.renorm not in RENORM_MODES:
             raise ValueError(f"renorm: must be one of {RENORM_MODES}, got {self.renorm!r}")
+        if not 0.0 <= self.renorm_alpha <= 1.0:
+            raise ValueError(f"renorm_alpha: must be in [0, 1], got {self.renorm_alpha}")
         if self.sere_s < 1:
             raise ValueError(f"sere_s: must be >= 1, got {self.sere_s}")
         if not 0.0 <= self.sere_rho <= 1.0:
@@ -56,6 +70,14 @@ class SelectionConfig:
     @property
     def uses_budget(self) -> bool:
         return self.policy in BUDGETED_POLICIES
+
+    def combine_mode(self, norm_topk_prob: bool) -> str:
+        """The combine rule after selection: "always", "never" or "partial"."""
+        if self.renorm != "native":
+            return self.renorm
+        if self.policy in PARTIAL_NATIVE:
+            return "partial"
+        return "always" if norm_topk_prob else "never"
 
     @property
     def needs_stats(self) -> str | None:

@@ -17,8 +17,14 @@ are in S and is backfilled from its own preference order inside S. Loaded expert
 traffic, so a small-budget request batched with a larger one gets the better quality for free, and the
 number of distinct experts executed never exceeds M.
 
-Everything is fixed-shape and free of host synchronisation for dense/base/oracle/oea/gate_sum/frequency/
-lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
+Policies base and base_plus choose the same kept set (top-M of D_u = sum_t w^2 exp(2 yhat)) and the same
+backfilled ids; they differ in the combine weights of changed tokens: base follows the model (renormalise
+iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w_never) ** alpha
+(alpha = 0.5, W = the token's routed weight; see _combine_weights). With max_error, rows carrying a
+bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
+
+Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
+frequency/lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
 reduced with a one-hot sum (no float atomics), so repeated calls and every tensor-parallel rank agree.
 """
 
@@ -29,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .config import SelectionConfig
+from .error_budget import error_budgets, score_rank
 from .predictor import Predictor
 
 
@@ -56,8 +63,13 @@ def select_experts(
     *,
     norm_topk_prob: bool = True,
     routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle only)
+    max_error: torch.Tensor | None = None,  # [T] float error bound per row, NaN = none (error_budget.py)
 ) -> Selection:
-    """Turn the router's top-k into what one MoE layer executes in one decode step."""
+    """Turn the router's top-k into what one MoE layer executes in one decode step.
+
+    With max_error, a row with a (non-NaN) bound asks for the smallest budget whose predicted relative
+    error stays within it, capped by its integer budget (base_plus, base and oracle only).
+    """
     T, E = router_logits.shape
     K = topk_ids.shape[1]
     dev = router_logits.device
@@ -73,16 +85,23 @@ def select_experts(
     in_union = count > 0  # [E]
     num_union = in_union.sum()  # []
 
-    any_dense = (real & (budget >= E)).any()  # []
-    batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
-    m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
-
     pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
-    if config.policy == "base" and predictor is not None and layer_id not in config.skip_layers:
+    pred_c = None  # [T, K] predicted removal cost w^2 exp(2 yhat)
+    if config.policy in ("base", "base_plus") and predictor is not None and \
+            layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
-        pred_d = _batch_score(ids, w.square() * torch.exp(2.0 * yhat), valid, E)  # [E]
+        pred_c = w.square() * torch.exp(2.0 * yhat)  # [T, K]
+        pred_d = _batch_score(ids, pred_c, valid, E)  # [E]
+
+    if max_error is not None and layer_id not in config.skip_layers and config.policy != "dense":
+        cost, score = _error_cost(config.policy, pred_c, pred_d, w, ids, valid, E, routed_norms)
+        budget = error_budgets(cost, ids, valid, score_rank(score, in_union), max_error.to(dev),
+                               budget)  # [T] bounded rows ask for the M that meets their bound
+    any_dense = (real & (budget >= E)).any()  # []
+    batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
+    m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
 
     policy = config.policy
     if policy == "dense" or layer_id in config.skip_layers:
@@ -100,8 +119,8 @@ def select_experts(
             new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
         else:
             new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
-        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids, config.renorm,
-                                 norm_topk_prob)
+        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids,
+                                 config.combine_mode(norm_topk_prob), config.renorm_alpha)
 
     new_ids = torch.where(real[:, None], new_ids, torch.full_like(new_ids, -1))  # padded rows dropped
     new_w = torch.where(new_ids >= 0, new_w, torch.zeros_like(new_w))  # [T, K]
@@ -120,7 +139,7 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
     """Return (batch removal score D [E] reported in the stats, or None; kept mask in_s [E])."""
     E = logits.shape[1]
     cost = pred_d  # other policies report the predicted removal score when a predictor is given
-    if policy == "base":
+    if policy in ("base", "base_plus"):
         if pred_d is None:
             _need(predictor, policy)
             raise ValueError("base: hidden_states are required to predict removal costs")
@@ -147,6 +166,22 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
         score = _batch_score(ids, torch.pow(b, bins), valid, E)  # [E] sum_t B^bin
         return cost, (score >= config.lynx_tau) & in_union
     raise ValueError(f"policy: {policy!r} has no kept-set rule")
+
+
+def _error_cost(policy, pred_c, pred_d, w, ids, valid, E, routed_norms):
+    """(removal cost [T, K], batch score [E]) that an error bound is measured in, per policy."""
+    if policy == "oracle":
+        if routed_norms is None:
+            raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
+        cost = w.square() * routed_norms.float().square()  # [T, K]
+        return cost, _batch_score(ids, cost, valid, E)
+    if policy not in ("base", "base_plus"):
+        raise ValueError(f"max_error: error-targeted budgets need a removal-cost policy (base_plus, "
+                         f"base, oracle), not {policy!r}")
+    if pred_c is None:
+        raise ValueError(f"max_error: policy {policy!r} needs a predictor and hidden_states to "
+                         f"predict the error")
+    return pred_c, pred_d
 
 
 def top_m_mask(score: torch.Tensor, m, in_union: torch.Tensor) -> torch.Tensor:
@@ -191,9 +226,8 @@ def _backfill(logits, ids, ok, routed_row, in_s, K):
     return out[:, :K]  # [T, K]
 
 
-def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob):
-    """Combine weights for the final set, following the renorm option (see SelectionConfig)."""
-    mode = ("always" if norm_topk_prob else "never") if renorm == "native" else renorm
+def _combine_weights(logits, ids, w, routed_row, new_ids, mode, alpha=0.5):
+    """Combine weights for the final set: mode "always", "never" or "partial" (see SelectionConfig)."""
     p = torch.softmax(logits.float(), dim=-1)  # [T, E]
     ok = new_ids >= 0  # [T, K]
     safe = new_ids.clamp_min(0)  # [T, K]
@@ -207,7 +241,10 @@ def _combine_weights(logits, ids, w, routed_row, new_ids, renorm, norm_topk_prob
         w_full = p.new_zeros(p.shape[0], p.shape[1] + 1).scatter_(1, col, w)  # [T, E+1] own weights
         own = routed_row.gather(1, safe) & ok  # [T, K] expert was in the token's top-k
         scaled = p_new * (total_w / total_p.clamp_min(1e-30))  # backfilled: same scaling as routed
-        new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K]
+        new_w = torch.where(own, w_full.gather(1, safe), scaled)  # [T, K] "never"
+        if mode == "partial":
+            total_new = new_w.sum(1, keepdim=True).clamp_min(1e-30)  # [T, 1]
+            new_w = new_w * (total_w / total_new).clamp_min(0.0).pow(alpha)  # [T, K]
     unchanged = (new_ids == ids).all(1, keepdim=True)  # [T, 1] exact identity when nothing moved
     return torch.where(unchanged, w, new_w)
 

@@ -45,6 +45,7 @@ from .blocks import check_experts, find_moe_blocks, norm_topk_prob
 class StepContext:
     budget: torch.Tensor  # [T] int per token row
     skip_selection: bool = False  # set by the caller (never inferred here: no host sync)
+    max_error: torch.Tensor | None = None  # [T] float error bound per row, NaN = none (core.error_budget)
     stats: dict[int, SelectionStats] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> executed ids [T, K]
     as_routed: set[int] = field(default_factory=set)  # layers whose routing was left unchanged
@@ -54,12 +55,16 @@ _current: StepContext | None = None
 
 
 @contextmanager
-def decode_step(budget: torch.Tensor, skip_selection: bool = False):
-    """Run the MoE blocks under the selection policy for one decode step (no nesting)."""
+def decode_step(budget: torch.Tensor, skip_selection: bool = False,
+                max_error: torch.Tensor | None = None):
+    """Run the MoE blocks under the selection policy for one decode step (no nesting).
+
+    max_error [T] (optional): per-row predicted-error bounds; such steps run the core's selection.
+    """
     global _current
     if _current is not None:
         raise RuntimeError("decode_step contexts cannot be nested")
-    _current = StepContext(budget=budget, skip_selection=skip_selection)
+    _current = StepContext(budget=budget, skip_selection=skip_selection, max_error=max_error)
     try:
         yield _current
     finally:
@@ -140,10 +145,13 @@ class MoEPatch:
             if self.config.policy == "oracle":
                 ex = block.experts
                 norms = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj, ex.act_fn)
-            sel = self._select(
+            select, extra = self._select, {}
+            if step.max_error is not None:  # error-targeted budgets: the core's path
+                select, extra = select_experts, {"max_error": step.max_error}
+            sel = select(
                 logits.reshape(x.shape[0], -1), ids.reshape(x.shape[0], -1),
                 weights.reshape(x.shape[0], -1), x, step.budget, layer_id, self.config,
-                self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms)
+                self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms, **extra)
             step.stats[layer_id] = sel.stats
             step.ids[layer_id] = sel.ids
             if self.config.policy == "dense" or layer_id in self.config.skip_layers:

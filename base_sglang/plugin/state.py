@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from base_sglang.core import Predictor, SelectionConfig, select_experts
+from base_sglang.core import DEFAULT_POLICY, Predictor, SelectionConfig, select_experts
 from base_sglang.core.budget import resolve_budget
 
 from .config import PluginConfig
@@ -34,7 +34,7 @@ class PluginState:
     config: PluginConfig = field(default_factory=PluginConfig)
     config_error: str | None = None  # a bad BASE_* variable, raised at startup by the hooks
     predictor: Predictor | None = None  # on the model's device; None = BASE off in this process
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    selection: SelectionConfig = field(default_factory=lambda: SelectionConfig(policy=DEFAULT_POLICY))
     num_experts: int = 0
     default_budget: int = 0  # budget of requests that set none, 1..E (E = dense)
     select: Callable = select_experts  # core, or base_sglang.kernels.base_select_experts

@@ -44,6 +44,18 @@ def test_split_is_deterministic_disjoint_and_order_free():
         split_documents(docs, "train")
 
 
+def test_tune_and_report_partition_the_eval_half():
+    docs = [f"document number {i} " * 3 for i in range(400)]
+    ev, tune, rep = (split_documents(docs, s) for s in ("eval", "tune", "report"))
+    assert set(tune).isdisjoint(rep) and set(tune) | set(rep) == set(ev)
+    assert 0.15 * len(ev) < len(tune) < 0.45 * len(ev)  # about 30 %
+    assert set(split_documents(docs[::-1], "tune")) == set(tune)
+    assert split_documents(docs, "tune", tune_percent=0) == [] and split_documents(
+        docs, "report", tune_percent=100) == []
+    with pytest.raises(ValueError, match="tune_percent"):
+        split_documents(docs, "tune", tune_percent=101)
+
+
 def test_windows_round_robin_and_distinct_batches():
     doc_ids = [list(range(100 * d, 100 * d + n)) for d, n in enumerate([30, 10, 25, 4])]
     w = windows(doc_ids, 10)

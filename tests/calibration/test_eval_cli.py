@@ -55,11 +55,33 @@ def test_eval_sweep_outputs_and_identities(tiny_ckpt, tiny_data, tiny_pred, tmp_
     assert res["meta"]["settings"]["batch_size"] == 4 and res["meta"]["commit"]
 
 
+def test_eval_default_policy_oracle_plus_and_error_targets(tiny_ckpt, tiny_data, tiny_pred, tmp_path):
+    stem = tmp_path / "plus"
+    assert main(["--model", str(tiny_ckpt("qwen3_moe")), "--predictor", str(tiny_pred), "--data",
+                 str(tiny_data), "--out", str(stem), "--policies", "base_plus,oracle_plus,base",
+                 "--budgets", "2", "8", "--max-errors", "0", "1", *SMALL]) == 0
+    res = json.loads(stem.with_suffix(".json").read_text())
+    rows = {r["setting"]: r for r in res["rows"]}
+    for name in ("base_plus M=8", "oracle_plus M=8", "base_plus err=0"):  # nothing removed: dense
+        assert rows[name]["dnll"] == 0 and rows[name]["agree"] == 1, name
+    assert rows["base_plus err=1"]["experts"] == pytest.approx(1.0)  # any error allowed: M = 1
+    assert rows["base_plus M=2"]["experts"] <= 2 + 1e-9
+    c = res["checks"]
+    assert c["policy"] == "base_plus" and {e["M"] for e in c["matched_budget"]} == {2, 8}
+    assert "over_oracle_plus" in c["matched_budget"][0]
+    assert all(e["policy"] != "base_plus_err" for e in c["matched_interp"])
+
+
 def test_eval_errors_name_the_field(tiny_ckpt, tiny_data, tiny_pred, tmp_path, capsys):
     base = ["--model", str(tiny_ckpt("qwen3_moe")), "--data", str(tiny_data), "--out", str(tmp_path / "x")]
     cases = [
         (["--predictor", str(tiny_pred), "--policies", "base,magic", *SMALL], "policies"),
         (["--policies", "base", *SMALL], "predictor"),
+        (["--policies", "oea", "--max-errors", "0.1", *SMALL], "predictor"),
+        (["--predictor", str(tiny_pred), "--policies", "oea", "--max-errors", "2", *SMALL],
+         "max_errors"),
+        (["--predictor", str(tiny_pred), "--policies", "base_plus", "--renorm-alpha", "2", *SMALL],
+         "renorm_alpha"),
         (["--predictor", str(tiny_pred), "--policies", "oea", "--batch-size", "0"], "batch-size"),
         (["--predictor", str(tiny_pred), "--policies", "oea", "--batch-size", "500"], "data"),
         (["--predictor", str(tiny_ckpt("qwen3_moe")) + "/nope.safetensors", "--policies", "base"],

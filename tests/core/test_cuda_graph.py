@@ -10,7 +10,7 @@ T, E, K, H = 16, 64, 8, 128
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("policy", ["base", "gate_sum", "oea", "frequency"])
+@pytest.mark.parametrize("policy", ["base_plus", "base", "gate_sum", "oea", "frequency"])
 def test_core_selection_replays_in_a_cuda_graph(policy):
     dev = torch.device("cuda")
     logits, ids, w = make_routing(T, E, K)

@@ -10,7 +10,7 @@ from base_sglang.core import SelectionConfig, select_experts
 T, E, K, H = 8, 12, 4, 16
 
 
-@pytest.mark.parametrize("policy", ["dense", "base", "oracle", "oea", "gate_sum", "frequency",
+@pytest.mark.parametrize("policy", ["dense", "base_plus", "base", "oracle", "oea", "gate_sum", "frequency",
                                     "lynx", "exfold"])
 @pytest.mark.parametrize("backfill", [True, False])
 def test_policy_runs_on_meta_tensors(policy, backfill):

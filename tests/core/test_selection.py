@@ -27,6 +27,9 @@ def run(policy="base", budget=None, T=T, E=E, K=K, pred=None, seed=0, norm_topk=
     ("dense", {}, 3),
     ("base", {}, E),
     ("base", {}, E + 5),
+    ("base_plus", {}, E),
+    ("base_plus", {"renorm_alpha": 1.0}, E),
+    ("oracle", {"renorm": "partial"}, E),
     ("oracle", {}, E),
     ("gate_sum", {}, E),
     ("frequency", {}, E),
@@ -108,6 +111,38 @@ def test_renorm_options():
                           atol=1e-6)
 
 
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_partial_renorm_is_the_geometric_mean_of_never_and_always(norm_topk):
+    sel_n, (logits, ids, w, *_r) = run("base", 4, norm_topk=norm_topk, renorm="never")
+    sel_a, _ = run("base", 4, norm_topk=norm_topk, renorm="always")
+    for alpha in (0.0, 0.5, 1.0):
+        sel_p, _ = run("base", 4, norm_topk=norm_topk, renorm="partial", renorm_alpha=alpha)
+        assert torch.equal(sel_p.ids, sel_n.ids)
+        # per token: never-weights times (W / their sum) ** alpha, W = the token's routed weight
+        scale = (w.sum(1) / sel_n.weights.sum(1)).pow(alpha)  # [T]
+        assert torch.allclose(sel_p.weights, sel_n.weights * scale[:, None], atol=1e-6)
+    sel_h, _ = run("base", 4, norm_topk=norm_topk, renorm="partial", renorm_alpha=0.5)
+    assert torch.allclose(sel_h.weights.square(), sel_n.weights * sel_a.weights, atol=1e-6)
+    changed = ~(sel_n.ids == ids).all(1)
+    assert changed.any()  # the budget moves some tokens, and for them the total weight lies between
+    tot_n, tot_h, tot_a = (s.weights.sum(1)[changed] for s in (sel_n, sel_h, sel_a))
+    assert (tot_n <= tot_h + 1e-6).all() and (tot_h <= tot_a + 1e-6).all()
+
+
+def test_base_plus_is_base_with_partial_renorm():
+    for M in (1, 3, 4, 7):
+        plus, _ = run("base_plus", M)
+        ref, _ = run("base", M, renorm="partial", renorm_alpha=0.5)
+        assert torch.equal(plus.ids, ref.ids) and torch.equal(plus.weights, ref.weights)
+        assert torch.equal(plus.stats.removed_cost, ref.stats.removed_cost)
+        never, _ = run("base_plus", M, renorm="never")  # an explicit renorm still wins (ablation)
+        assert torch.equal(never.weights, run("base", M, renorm="never")[0].weights)
+    assert SelectionConfig(policy="base_plus").combine_mode(False) == "partial"
+    assert SelectionConfig(policy="base").combine_mode(False) == "never"
+    with pytest.raises(ValueError, match="renorm_alpha"):
+        SelectionConfig(renorm="partial", renorm_alpha=1.5)
+
+
 def test_padded_rows_are_dropped_and_contribute_nothing():
     budget = torch.full((T,), 4)
     budget[[2, 7]] = -1
@@ -137,7 +172,7 @@ def test_mixed_budgets_use_the_largest_budget_for_everyone():
     assert len(set(sel.ids[sel.ids >= 0].tolist())) <= 5
 
 
-@pytest.mark.parametrize("policy", ["base", "oracle", "gate_sum", "frequency", "exfold"])
+@pytest.mark.parametrize("policy", ["base_plus", "base", "oracle", "gate_sum", "frequency", "exfold"])
 @pytest.mark.parametrize("M", [1, 2, 5])
 def test_budgeted_policies_never_exceed_the_budget(policy, M):
     sel, _ = run(policy, M)
@@ -201,10 +236,11 @@ def test_bf16_weights_round_trip():
     assert len(set(sel.ids[sel.ids >= 0].tolist())) <= 4
 
 
-def test_deterministic():
-    a, _ = run("base", 3)
+@pytest.mark.parametrize("policy", ["base", "base_plus"])
+def test_deterministic(policy):
+    a, _ = run(policy, 3)
     for _ in range(3):
-        b, _ = run("base", 3)
+        b, _ = run(policy, 3)
         assert torch.equal(a.ids, b.ids) and torch.equal(a.weights, b.weights)
         assert torch.equal(a.stats.removed_cost, b.stats.removed_cost)
 

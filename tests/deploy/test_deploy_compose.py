@@ -117,6 +117,17 @@ def test_env_example_documents_every_variable(env):
     assert 1 <= lo <= default <= hi
 
 
+def test_policy_default_is_the_projects_default(raw, env):
+    """Compose's fallback and the example agree with core.DEFAULT_POLICY (base-serve's default)."""
+    from base_sglang.core import DEFAULT_POLICY
+
+    unset = {k: v for k, v in env.items() if k != "BASE_POLICY"}
+    replica = interpolate(raw, unset)["services"]["replica-0"]["environment"]
+    assert replica["BASE_POLICY"] == DEFAULT_POLICY == env["BASE_POLICY"]
+    assert interpolate(raw, {**env, "BASE_POLICY": "base"})["services"]["replica-0"][
+        "environment"]["BASE_POLICY"] == "base"  # the paper's BASE stays selectable
+
+
 def test_the_real_env_file_is_git_ignored():
     ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/.env"], cwd=COMPOSE.parents[1])
     assert ignored.returncode == 0, "deploy/.env (API key) is not in .gitignore"

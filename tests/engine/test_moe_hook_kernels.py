@@ -1,4 +1,5 @@
-"""On a GPU: MoEPatch's Triton path (base_select_experts + fused_moe) against the torch path."""
+"""On a GPU: MoEPatch's Triton path (base_select_experts + fused_moe) against the torch path,
+for the paper's BASE and the default base_plus."""
 
 import pytest
 import torch
@@ -23,14 +24,15 @@ def _model_and_predictor():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["base", "base_plus"])
 @torch.inference_mode()
-def test_triton_path_matches_the_torch_path():
+def test_triton_path_matches_the_torch_path(policy):
     model, pred = _model_and_predictor()
     x = torch.randint(0, 256, (24, 1), device="cuda")
     ref_dense = model(x).logits.float()
     results = {}
     for use_kernels in (False, True):
-        patch = MoEPatch(model, SelectionConfig(policy="base"), pred, use_kernels=use_kernels)
+        patch = MoEPatch(model, SelectionConfig(policy=policy), pred, use_kernels=use_kernels)
         assert patch.use_kernels == use_kernels
         try:
             with decode_step(torch.full((24,), 32, device="cuda")):

@@ -131,3 +131,27 @@ def test_untied_copy_computes_the_same_model(tmp_path):
     with torch.no_grad():
         assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "tied").eval()(x).logits,
                            untied(x).logits)
+
+
+@torch.inference_mode()
+def test_error_targeted_decode_step(model):
+    """decode_step(max_error=...) runs the core's error-targeted budgets: bound 0 keeps the dense
+    routing, bound 1 lets every layer keep one expert, a mixed batch takes the largest request."""
+    x = torch.randint(0, 128, (6, 1))
+    dense = model(input_ids=x).logits
+    patch = MoEPatch(model, SelectionConfig(policy="base_plus"), predictor(), use_kernels=False)
+    try:
+        with decode_step(torch.full((6,), E), max_error=torch.zeros(6)) as step:
+            out = model(input_ids=x).logits
+        assert torch.allclose(out, dense, atol=1e-5)
+        assert all(int(s.num_kept) == int(s.num_union) for s in step.stats.values())
+        with decode_step(torch.full((6,), E), max_error=torch.ones(6)) as step:
+            model(input_ids=x)
+        assert all(int(s.num_kept) == 1 for s in step.stats.values())
+        budget = torch.tensor([E, E, E, E, E, 3])
+        bound = torch.tensor([1.0, 1, 1, 1, 1, float("nan")])  # the last row asks for 3 experts
+        with decode_step(budget, max_error=bound) as step:
+            model(input_ids=x)
+        assert all(int(s.num_kept) == 3 for s in step.stats.values())
+    finally:
+        patch.remove()

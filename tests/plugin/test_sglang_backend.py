@@ -16,7 +16,7 @@ import pytest
 from plugin_helpers import E
 from test_budgets import _generate, _scheduled_req
 
-from base_sglang.core import PredictorMismatch
+from base_sglang.core import DEFAULT_POLICY, PredictorMismatch
 from base_sglang.engine import SamplingParams
 from base_sglang.plugin.budget import token_budgets
 from base_sglang.plugin.checks import UnsupportedConfig
@@ -119,7 +119,7 @@ def test_unsupported_sglang_settings_are_refused_before_the_engine_starts(
                                          default_budget="4"))
     # the plugin configuration SGLang's processes would inherit
     assert os.environ["BASE_PREDICTOR"] == str(tiny_model / "predictor.safetensors")
-    assert os.environ["BASE_DEFAULT_BUDGET"] == "4" and os.environ["BASE_POLICY"] == "base"
+    assert os.environ["BASE_DEFAULT_BUDGET"] == "4" and os.environ["BASE_POLICY"] == DEFAULT_POLICY
     assert os.environ["SGLANG_PLUGINS"] == "other,base"
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plugin_helpers import E, make_predictor, model_runner, tiny_hf_config
 
-from base_sglang.core import PredictorMismatch
+from base_sglang.core import DEFAULT_POLICY, PredictorMismatch, SelectionConfig
 from base_sglang.plugin import hooks, state
 from base_sglang.plugin.checks import UnsupportedConfig
 from base_sglang.plugin.config import PluginConfig
@@ -100,6 +100,21 @@ def test_missing_predictor_file_stops_startup(base_state, tmp_path):
     state.STATE.config = PluginConfig(predictor=str(tmp_path / "nope.safetensors"))
     with pytest.raises(FileNotFoundError, match="nope.safetensors"):
         hooks.after_load_model(None, _runner(tiny_hf_config()))
+
+
+def test_default_policy_is_base_plus_and_base_stays_selectable(base_state):
+    """Empty environment: base_plus (core.DEFAULT_POLICY); BASE_POLICY=base is the paper's BASE."""
+    assert PluginConfig.from_env({}).policy == DEFAULT_POLICY == "base_plus"
+    assert PluginConfig.from_env({"BASE_POLICY": " "}).policy == DEFAULT_POLICY
+    assert PluginConfig().policy == DEFAULT_POLICY
+    paper = PluginConfig.from_env({"BASE_POLICY": "base", "BASE_PREDICTOR": "x"})
+    assert paper.policy == "base"
+    st = state.PluginState()
+    st.enable(base_state.predictor, paper, "cpu")
+    assert st.selection == SelectionConfig(policy="base", renorm="native")
+    assert st.selection.combine_mode(True) == "always" and st.selection.combine_mode(False) == "never"
+    st.enable(base_state.predictor, PluginConfig(predictor="x"), "cpu")
+    assert st.selection.policy == "base_plus" and st.selection.combine_mode(True) == "partial"
 
 
 @pytest.mark.parametrize("env, name", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plugin_helpers import E, H, K, forward_batch, model_runner
 
-from base_sglang.core import SelectionConfig, select_experts
+from base_sglang.core import DEFAULT_POLICY, SelectionConfig, select_experts
 from base_sglang.plugin import TARGETS, hooks
 
 
@@ -42,11 +42,11 @@ def _inputs(T, seed=0):
     return torch.randn(T, H, generator=g), torch.randn(T, E, generator=g)  # [T, H], [T, E]
 
 
-def _core(st, dense, hidden, logits, budgets, layer_id, renormalize=True):
+def _core(st, dense, hidden, logits, budgets, layer_id, renormalize=True, policy=DEFAULT_POLICY):
     T = hidden.shape[0]
     b = torch.tensor(list(budgets) + [-1] * (T - len(budgets)))  # [T] padded rows -1
     return select_experts(logits, dense.topk_ids, dense.topk_weights, hidden, b, layer_id,
-                          SelectionConfig(), st.predictor, norm_topk_prob=renormalize)
+                          SelectionConfig(policy=policy), st.predictor, norm_topk_prob=renormalize)
 
 
 @pytest.mark.parametrize("budgets, T", [
@@ -74,6 +74,32 @@ def test_forward_native_equals_core(base_state, budgets, T, renormalize):
     assert kept.numel() <= (E if max(budgets) >= E else max(budgets))
     assert int(base_state.num_kept[1]) == kept.numel()  # per-layer counter of executed experts
     assert int(base_state.num_union[1]) == torch.unique(dense.topk_ids[:n]).numel()
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_default_policy_is_base_plus_with_partial_weights(base_state, renormalize):
+    """BASE_POLICY unset: the hook runs base_plus, whose changed rows carry the partial weights
+    (BASE's "never" weights times (W / their sum) ** 0.5), not the paper's BASE weights."""
+    assert base_state.config.policy == DEFAULT_POLICY == "base_plus"
+    assert base_state.selection == SelectionConfig(policy="base_plus", renorm="native")
+    topk = _topk(renormalize=renormalize)
+    hidden, logits = _inputs(6, seed=21)
+    dense = topk.forward_native(hidden, logits)
+    with base_state.decode_step([2] * 6):
+        out = topk(hidden, logits)
+    base = _core(base_state, dense, hidden, logits, [2] * 6, 1, renormalize, policy="base")
+    never = select_experts(logits, dense.topk_ids, dense.topk_weights, hidden,
+                           torch.full((6,), 2), 1, SelectionConfig(policy="base", renorm="never"),
+                           base_state.predictor)
+    assert torch.equal(out.topk_ids, base.ids)  # same kept set and backfill as BASE
+    changed = (out.topk_ids != dense.topk_ids).any(1)  # [T]
+    assert changed.any()
+    w0 = dense.topk_weights.sum(1)  # [T] the token's original total weight W
+    partial = never.weights * (w0 / never.weights.sum(1)).sqrt()[:, None]  # [T, K]
+    torch.testing.assert_close(out.topk_weights[changed], partial[changed], rtol=1e-6, atol=1e-7)
+    if renormalize:  # BASE renormalises to W, base_plus only half-way (in log space)
+        assert not torch.allclose(out.topk_weights[changed], base.weights[changed])
+    assert torch.equal(out.topk_weights[~changed], dense.topk_weights[~changed])
 
 
 def test_small_budget_changes_the_routing(base_state):

@@ -1,0 +1,197 @@
+"""Predictor options for the log-norm of a routed expert's output: held-out quality and serving cost.
+
+    python -m base_sglang.calibration.predictor_study --model DIR --data FILE --out STEM
+
+Every option is a per-(layer, expert) ridge regression of y = log(||E_u(z)|| + 1e-6) on a feature vector
+f(z) of the MoE-layer input z (same rows, lambda rule and calibration windows as base-calibrate; fitted on
+the calibration split's fit windows, scored on its held-out windows):
+  linear  f = z                                         (the shipped predictor)
+  router  f = [z, logsumexp(router logits), log ||z||]  (what the router already has, beyond W_r z)
+  diag2   f = [z, z * z]
+  quadR   f = [z, upper triangle of s s^T], s = P z, P = top-R principal directions of z (shared)
+  rfR     f = [z, silu(P z)], P random [R, H] (shared random features)
+Writes STEM.json: per layer and option the held-out R^2, Spearman of the removal cost w^2 ||E_u||^2,
+retained true removal energy of the top-M by predicted cost (decode batches of B tokens at one position)
+and the oracle's, plus each option's serving cost per token (MACs and predictor bytes).
+
+Shape legend: T tokens, K routed slots, E experts, H hidden size, F features, R projection rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from base_sglang.calibration.collect import LOG_EPS, capture, routed_outputs, run_forward
+from base_sglang.calibration.config import CalibrationConfig, run_cli
+from base_sglang.calibration.fit import spearman, top_m_mask
+
+OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="predictor_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True, help="output path stem (writes .json)")
+    p.add_argument("--options", default=",".join(OPTIONS))
+    p.add_argument("--num-seqs", type=int, default=CalibrationConfig.num_seqs)
+    p.add_argument("--seq-len", type=int, default=CalibrationConfig.seq_len)
+    p.add_argument("--heldout-every", type=int, default=CalibrationConfig.heldout_every)
+    p.add_argument("--batch-size", type=int, default=16, help="decode batch B of the energy statistic")
+    p.add_argument("--threads", type=int, default=1)
+    return p
+
+
+def features(option: str, z: torch.Tensor, logits: torch.Tensor, proj: torch.Tensor | None):
+    """f(z) [T, F] for one option. z [T, H], logits [T, E]."""
+    z = z.float()
+    if option == "linear":
+        return z
+    if option == "router":
+        lse = torch.logsumexp(logits.float(), 1, keepdim=True)  # [T, 1]
+        return torch.cat([z, lse, torch.log(z.norm(dim=1, keepdim=True).clamp_min(1e-12))], 1)
+    if option == "diag2":
+        return torch.cat([z, z.square()], 1)
+    s = z @ proj.T  # [T, R]
+    if option.startswith("quad"):
+        iu = torch.triu_indices(s.shape[1], s.shape[1])
+        return torch.cat([z, (s[:, :, None] * s[:, None, :])[:, iu[0], iu[1]]], 1)
+    return torch.cat([z, torch.nn.functional.silu(s)], 1)  # rf
+
+
+def serving_cost(option: str, H: int, E: int, K: int) -> dict:
+    """MACs per token and predictor bytes (bf16) per layer of each option at hidden H."""
+    R = int("".join(c for c in option if c.isdigit()) or 0)
+    extra = {"linear": 0, "router": 2, "diag2": H}.get(option)
+    if extra is None:
+        extra = R * (R + 1) // 2 if option.startswith("quad") else R
+    shared = R * H if R else 0  # the shared projection P z, once per token
+    return {"features": H + extra, "macs_per_token": shared + K * (H + extra) + (R * R if
+            option.startswith("quad") else 0), "bytes_per_layer": 2 * (shared + E * (H + extra + 1))}
+
+
+def ridge(feats: torch.Tensor, y: torch.Tensor, e: torch.Tensor, tok: torch.Tensor, E: int,
+          lam_rel: float) -> torch.Tensor:
+    """theta [E, F+1] of the per-expert ridge (bias unpenalised, lambda = lam_rel tr(Z^T Z) / F)."""
+    F = feats.shape[1]
+    z = torch.cat([feats, feats.new_ones(feats.shape[0], 1)], 1).double()  # [T, F+1]
+    theta = torch.zeros(E, F + 1, dtype=torch.float64)
+    theta[:, F] = float(y.mean())
+    for u in range(E):
+        sel = e == u
+        if not sel.any():
+            continue
+        zu, yu = z[tok[sel]], y[sel].double()  # [n, F+1], [n]
+        a = zu.T @ zu  # [F+1, F+1]
+        a[:F, :F] += lam_rel * a[:F, :F].diagonal().sum() / F * torch.eye(F, dtype=torch.float64)
+        theta[u] = torch.linalg.lstsq(a, (zu.T @ yu)[:, None]).solution[:, 0]
+    return theta.float()
+
+
+def collect(model, blocks, wins: list[list[int]]):
+    """layer -> (z [T, H], logits [T, E], w [T, K], ids [T, K], true norms [T, K]) over the windows."""
+    acc = {j: [] for j in blocks}
+
+    def fn(j, x, lg, w, ids, ex):
+        acc[j].append((x, lg, w, ids.long(), routed_outputs(x, ids, ex).norm(dim=-1)))
+
+    batch = torch.tensor(wins)
+    with torch.no_grad(), capture(blocks, sorted(blocks), fn):
+        for i in range(0, len(batch), 8):
+            run_forward(model, batch[i:i + 8])
+    return {j: tuple(torch.cat([a[k] for a in acc[j]]) for k in range(5)) for j in acc}
+
+
+def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets) -> dict:
+    """Held-out R^2 / Spearman / retained energy of one fitted option."""
+    T, K = ids.shape
+    E = theta.shape[0]
+    z = torch.cat([feats, feats.new_ones(T, 1)], 1)  # [T, F+1]
+    yhat = torch.einsum("tf,tkf->tk", z, theta[ids])  # [T, K]
+    y = torch.log(norms + LOG_EPS)  # [T, K]
+    c_true = w.float().square() * norms.square()  # [T, K]
+    c_pred = w.float().square() * torch.exp(2 * yhat)  # [T, K]
+    out = {"r2": float(1 - (y - yhat).square().sum() / (y - y.mean()).square().sum()),
+           "spearman_cost": spearman(c_pred.reshape(-1), c_true.reshape(-1))}
+    nb = T // seq // B  # decode batches: B windows at one position
+    idx = torch.arange(nb * B * seq).view(nb, B, seq).permute(0, 2, 1).reshape(-1, B)  # [S, B]
+
+    def score(v):  # [T, K] -> [S, E]
+        return torch.zeros(idx.shape[0], E).scatter_add_(1, ids[idx].reshape(idx.shape[0], -1),
+                                                          v[idx].reshape(idx.shape[0], -1).float())
+
+    d_true, d_pred = score(c_true), score(c_pred)
+    union = score(torch.ones_like(c_true)) > 0
+    for m in budgets:
+        for name, d in (("pred", d_pred), ("oracle", d_true)):
+            out[f"energy_{name}@{m}"] = float((d_true * top_m_mask(d, m, union)).sum() / d_true.sum())
+    return out
+
+
+def run(args) -> int:
+    from base_sglang.hf import find_moe_blocks, load_model
+    from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
+    from base_sglang.calibration.pipeline import split_windows
+    from base_sglang.calibration.report import environment
+    from base_sglang.core.predictor import describe_model_config
+
+    options = [o.strip() for o in args.options.split(",") if o.strip()]
+    for o in options:
+        if o not in OPTIONS:
+            raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS}")
+    t0 = time.time()
+    model, tok = load_model(args.model, "cpu", "float32")
+    blocks = find_moe_blocks(model, require=True)
+    desc = describe_model_config(model.config)
+    E, K, H = int(desc["num_experts"]), int(desc["top_k"]), int(desc["hidden_size"])
+    cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,
+                            heldout_every=args.heldout_every)
+    docs = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
+    fit_w, held_w = split_windows(docs, cfg)
+    fit, held = collect(model, blocks, fit_w), collect(model, blocks, held_w)
+    budgets = cfg.budgets_for(E, K)
+    gen = torch.Generator().manual_seed(0)
+    result = {"layers": {}, "cost": {o: serving_cost(o, H, E, K) for o in options},
+              "cost_qwen3_30b_a3b": {o: serving_cost(o, 2048, 128, 8) for o in options}}
+    for j in sorted(blocks):
+        z, lg, w, ids, norms = fit[j]
+        tok_idx = torch.arange(z.shape[0]).repeat_interleave(K)  # [T*K]
+        e, y = ids.reshape(-1), torch.log(norms + LOG_EPS).reshape(-1)
+        centred = z.float() - z.float().mean(0)
+        pcs = torch.linalg.svd(centred, full_matrices=False).Vh  # [H, H] principal directions
+        result["layers"][str(j)] = {}
+        for o in options:
+            r = int("".join(c for c in o if c.isdigit()) or 0)
+            proj = (pcs[:r] if o.startswith("quad") else
+                    torch.randn(r, H, generator=gen) * 2 / math.sqrt(H)) if r else None
+            theta = ridge(features(o, z, lg, proj), y, e, tok_idx, E, cfg.ridge)
+            hz, hlg, hw, hids, hn = held[j]
+            result["layers"][str(j)][o] = layer_metrics(theta, features(o, hz, hlg, proj), hw, hids,
+                                                        hn, cfg.seq_len, args.batch_size, budgets)
+        print(j, {o: round(v["r2"], 3) for o, v in result["layers"][str(j)].items()}, flush=True)
+    result["meta"] = {"model": Path(args.model).resolve().name, "command": "predictor_study " +
+                      " ".join(args.argv), "fit_windows": len(fit_w), "heldout_windows": len(held_w),
+                      "batch_size": args.batch_size, "budgets": list(budgets),
+                      "seconds": round(time.time() - t0, 1), **environment()}
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out} in {time.time() - t0:.0f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return run_cli("predictor_study", run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
