@@ -340,6 +340,7 @@ def run(args) -> int:
         "budgets": args.budgets, "seed": args.seed, "model_config": config,
         "predictor": str(args.predictor) if args.plugin == "on" else None,
         "skew": bench.skew_info, "select_fn": _select_name(bench),
+        "policy": _policy_name(bench) if args.plugin == "on" else None,
         "plugin_loaded": True, "base_predictor_set": args.plugin == "on",
         "budget_dense_note": "plugin on: 'dense' and budgets >= E run the BASE hook and keep the "
                              "whole union; 'off' rows: BASE_PREDICTOR unset (hooks pass through)",
@@ -367,6 +368,12 @@ def run(args) -> int:
                   timings, profiles, truncated)
     print(f"[bench] wrote {summary_path} ({len(rows)} rows, {timings['total_s']:.0f} s)", flush=True)
     return 0
+
+
+def _policy_name(bench) -> str:
+    """The selection policy the plugin ran (BASE_POLICY, default core.DEFAULT_POLICY)."""
+    st = bench.state.STATE
+    return st.selection.policy if st.enabled else None
 
 
 def _select_name(bench) -> str | None:
