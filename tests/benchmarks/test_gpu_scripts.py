@@ -258,9 +258,26 @@ def test_schema_violations_name_the_field(mutate, message):
 
 
 def test_committed_summaries_validate():
-    results = GPU_DIR.parents[0] / "results" / "sglang_h200"
-    for path in sorted(results.glob("summary*.json")):  # none until the device run lands
+    results = GPU_DIR.parents[0] / "results"
+    paths = sorted(results.glob("sglang_h200/summary*.json")) + \
+        sorted(results.glob("base_plus_h200/**/summary.json"))
+    assert len(paths) >= 5  # sglang_h200 uniform + skewed, base_plus_h200 decode + the A/B pair
+    for path in paths:
         summary_schema.validate_summary(json.loads(path.read_text()))
+    ab = {p.parent.name: json.loads(p.read_text()) for p in paths if p.parent.name.startswith("ab_")}
+    assert {k: v["settings"]["plugin_on"]["policy"] for k, v in ab.items()} == \
+        {"ab_base": "base", "ab_base_plus": "base_plus"}
+
+
+def test_shell_scripts_parse_and_base_plus_script_refuses_unknown_parts(tmp_path):
+    import subprocess
+
+    for script in sorted(GPU_DIR.parents[0].glob("**/*.sh")):
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{script}: {r.stderr}"
+    r = subprocess.run(["bash", str(GPU_DIR / "run_base_plus_h200.sh"), "bogus"], capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}, timeout=60)
+    assert r.returncode == 2 and "unknown part 'bogus'" in r.stderr
 
 
 # ---- the step profile ---------------------------------------------------------------------------------
