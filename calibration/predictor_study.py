@@ -136,11 +136,11 @@ def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets) -> dic
 
 
 def run(args) -> int:
-    from base_sglang.hf import find_moe_blocks, load_model
     from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
     from base_sglang.calibration.pipeline import split_windows
     from base_sglang.calibration.report import environment
     from base_sglang.core.predictor import describe_model_config
+    from base_sglang.hf import find_moe_blocks, load_model
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     for o in options:
