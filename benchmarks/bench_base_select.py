@@ -33,8 +33,9 @@ from kernel_common import (  # noqa: E402
     write_rows,
 )
 
-from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, select_experts  # noqa: E402
+from base_sglang.core import SelectionConfig, select_experts  # noqa: E402
 from base_sglang.kernels import base_score, base_select, base_select_experts, fused_moe  # noqa: E402
+from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def dense_times(out_dir: str) -> dict:
@@ -64,10 +65,8 @@ def main() -> int:
         s = SHAPES[shape]
         E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
         M = 16 if E > 16 else 4
-        g = torch.Generator().manual_seed(7)
-        pred = Predictor(meta=PredictorMeta("synthetic", "synthetic", 1, [0], H, E, K),
-                         weight=torch.randn(1, E, H, generator=g) * 0.02,
-                         bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+        pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
+                                architecture="synthetic").to(DEVICE)
         a, b = pred.weight[0], pred.bias[0]
         cfg = SelectionConfig(policy="base")
         experts = None

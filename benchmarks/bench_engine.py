@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from base_sglang.engine import DENSE, EngineConfig, LLMEngine, SamplingParams
+from base_sglang.core.budget import budget_label
+from base_sglang.engine import EngineConfig, LLMEngine, SamplingParams
 from base_sglang.engine.config import DEFAULT_MODEL_DIR
 
 
-def measure(engine: LLMEngine, batch: int, budget: int, steps: int) -> dict:
+def measure(engine: LLMEngine, batch: int, budget: int | str, steps: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=steps + 3, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"Request {i}: the quick brown fox", params, budget)
@@ -39,7 +40,8 @@ def measure(engine: LLMEngine, batch: int, budget: int, steps: int) -> dict:
     ms = statistics.median(s.duration_s for s in decode) * 1e3
     executed = statistics.mean(s.mean_executed for s in decode)
     routed = statistics.mean(s.mean_routed for s in decode)
-    return {"batch": batch, "budget": "dense" if budget >= DENSE else budget, "steps": len(decode),
+    label = budget_label(engine.resolve_budget(budget), engine.num_experts)
+    return {"batch": batch, "budget": label, "steps": len(decode),
             "median_step_ms": round(ms, 2), "tokens_per_s": round(batch / ms * 1e3, 1),
             "experts_per_layer": round(executed, 2), "experts_per_layer_dense": round(routed, 2)}
 
@@ -62,12 +64,12 @@ def main() -> None:
                                     dtype=args.dtype,
                                     max_running_requests=max(args.batch),
                                     num_threads=args.num_threads))
-    measure(engine, max(args.batch), DENSE, 4)  # warm-up
+    measure(engine, max(args.batch), "dense", 4)  # warm-up
     load_before = os.getloadavg()
     cells: dict[tuple[str, int], list[dict]] = {}
     for _ in range(args.repeats):
         for budget in args.budgets:
-            b = DENSE if budget == "dense" else int(budget)
+            b = budget if budget == "dense" else int(budget)
             for batch in args.batch:
                 cells.setdefault((budget, batch), []).append(measure(engine, batch, b, args.steps))
     rows = []

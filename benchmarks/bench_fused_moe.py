@@ -34,10 +34,11 @@ from kernel_common import (  # noqa: E402
     write_rows,
 )
 
-from base_sglang.core import Predictor, PredictorMeta, SelectionConfig  # noqa: E402
+from base_sglang.core import SelectionConfig  # noqa: E402
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
 from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
 from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
+from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 COPIES = 3
 BM_CANDIDATES = (16, 32, 64)
@@ -116,10 +117,8 @@ def main() -> int:
         expert_bytes = 3 * H * I * 2  # gate, up, down in bf16
         weights = [make_experts(E, H, I, seed=c) for c in range(COPIES)]
         gus, dns = [g for g, _ in weights], [d for _, d in weights]
-        g = torch.Generator().manual_seed(7)
-        pred = Predictor(meta=PredictorMeta("synthetic", "synthetic", 1, [0], H, E, K),
-                         weight=torch.randn(1, E, H, generator=g) * 0.02,
-                         bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+        pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
+                                architecture="synthetic").to(DEVICE)
         for T in tokens:
             try:
                 r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)

@@ -60,7 +60,7 @@ def resolve_model(arg: str | None) -> tuple[str, str]:
         return arg, Path(arg).name
     if (DEFAULT_MODEL_DIR / "config.json").is_file():
         return str(DEFAULT_MODEL_DIR), "proxy-moe (embedded, trained)"
-    from base_sglang.engine.tiny import create_tiny_moe
+    from base_sglang.testing.models import create_tiny_moe
 
     path = create_tiny_moe(Path(tempfile.mkdtemp()) / "proxy-shaped", hidden_size=256, num_layers=6,
                            num_experts=32, top_k=4, vocab_size=8192)

@@ -7,7 +7,14 @@
 2. CUDA graph: selection + fused MoE captured once, replayed with changed budgets == eager (bitwise).
 3. Dropped experts' weights set to NaN: fused MoE output finite and equal to the reference.
 4. fused_moe vs an fp32 reference (dense routing) at the three shapes; run-to-run bitwise equal.
+5. base_plus (the default policy: partial combine, alpha 0 / 0.5 / 1) and base with renorm=partial:
+   kernel == core at Qwen3-30B-A3B's shape (E=128 K=8 H=2048, T in {1, 16, 64}), every budget kind
+   above, int32/int64 ids, norm_topk_prob true/false, backfill on/off; prints the max |weight diff|
+   and the rows whose ids differ; a CUDA-graph replay of base_plus with changed budgets == eager.
+6. Selection latency (graph replay, median) of base vs base_plus at that shape, M=16: equal within
+   noise (the check fails only beyond 1.2x); writes base_plus_latency.csv/.json to --out.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
+    --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
 """
 
 from __future__ import annotations
@@ -21,16 +28,24 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_common import DEVICE, SHAPES, make_experts, make_routing  # noqa: E402
+from kernel_common import (  # noqa: E402
+    DEVICE,
+    SHAPES,
+    graph_time_us,
+    make_experts,
+    make_routing,
+    provenance,
+    write_rows,
+)
 
 from base_sglang.core import (  # noqa: E402
     Predictor,
-    PredictorMeta,
     SelectionConfig,
     moe_forward_ref,
     select_experts,
 )
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 RESULTS: list[dict] = []
 TOKENS = (1, 16, 128) if DEVICE == "cuda" else (1, 5)
@@ -42,11 +57,8 @@ def record(name: str, ok: bool, **info) -> None:
 
 
 def make_predictor(E: int, H: int, seed: int = 0) -> Predictor:
-    g = torch.Generator().manual_seed(seed)
-    meta = PredictorMeta(architecture="synthetic", model_id="synthetic", num_layers=1,
-                         moe_layers=[0], hidden_size=H, num_experts=E, top_k=0)
-    return Predictor(meta=meta, weight=torch.randn(1, E, H, generator=g) * 0.02,
-                     bias=torch.randn(1, E, generator=g) * 0.1).to(DEVICE)
+    return random_predictor(E, H, 0, seed=seed, scale=0.02, bias_scale=0.1,
+                            architecture="synthetic").to(DEVICE)
 
 
 def budgets(T: int, E: int, K: int) -> dict[str, torch.Tensor]:
@@ -151,6 +163,109 @@ def check_nan_dropped() -> None:
                kept=int(kept.sum()), rel_err_vs_fp32=rel)
 
 
+BASE_PLUS_TOKENS = (1, 16, 64)
+BASE_PLUS_CONFIGS = [("base_plus", "native", a) for a in (0.0, 0.5, 1.0)] + [("base", "partial", 0.5)]
+
+
+def check_base_plus() -> None:
+    """base_plus / partial: kernel vs core at the Qwen3 shape, with both norm_topk_prob conventions."""
+    s = SHAPES["qwen3-30b-a3b"]
+    E, K, H = s["E"], s["K"], s["H"]
+    pred = make_predictor(E, H)
+    for T in BASE_PLUS_TOKENS:
+        hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+        for norm in (True, False):
+            r = make_routing(T, E, K, norm, seed=100 + T)
+            bad, max_diff, id_rows, cases = [], 0.0, 0, 0
+            for bname, bud in budgets(T, E, K).items():
+                for dt in (torch.int32, torch.int64):
+                    for policy, renorm, alpha in BASE_PLUS_CONFIGS:
+                        for backfill in (True, False):
+                            cfg = SelectionConfig(policy=policy, renorm=renorm, renorm_alpha=alpha,
+                                                  backfill=backfill)
+                            args = (r.logits, r.ids.to(dt), r.weights, hidden, bud, 0, cfg, pred)
+                            ref = select_experts(*args, norm_topk_prob=norm)
+                            got = base_select_experts(*args, norm_topk_prob=norm)
+                            cases += 1
+                            diff = (ref.weights - got.weights).abs().max().item()
+                            rows = int((ref.ids != got.ids).any(1).sum())
+                            max_diff, id_rows = max(max_diff, diff), id_rows + rows
+                            ok = (rows == 0 and ref.ids.dtype == got.ids.dtype and diff <= 1e-5
+                                  and int(ref.stats.num_union) == int(got.stats.num_union)
+                                  and int(ref.stats.num_kept) == int(got.stats.num_kept))
+                            if not ok:
+                                bad.append((bname, str(dt), policy, renorm, alpha, backfill, rows,
+                                            diff))
+            record(f"base_plus/qwen3-30b-a3b/T={T}/norm={norm}", not bad, cases=cases,
+                   max_abs_weight_diff=max_diff, id_mismatch_rows=id_rows, failures=bad[:4])
+
+
+def check_graph_base_plus() -> None:
+    """base_plus captured once in a CUDA graph, replayed with changed budgets == eager (bitwise)."""
+    s = SHAPES["qwen3-30b-a3b"]
+    E, K, H = s["E"], s["K"], s["H"]
+    T = 16
+    pred = make_predictor(E, H)
+    r = make_routing(T, E, K, True, seed=4)
+    hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+    cfg = SelectionConfig(policy="base_plus")
+    budget = torch.full((T,), 10, dtype=torch.int64, device=DEVICE)
+
+    def step():
+        sel = base_select_experts(r.logits, r.ids, r.weights, hidden, budget, 0, cfg, pred)
+        return sel.ids, sel.weights
+
+    trials = {"M4": torch.full((T,), 4), "M16": torch.full((T,), 16),
+              "mixed_padded": torch.tensor([-1, 4, 12, 30] * 4), "dense": torch.full((T,), E)}
+    eager = {}
+    for name, b in trials.items():
+        budget.copy_(b)
+        eager[name] = [x.clone() for x in step()]
+    budget.fill_(10)
+    s_ = torch.cuda.Stream()
+    s_.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s_):
+        step()
+    torch.cuda.current_stream().wait_stream(s_)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    for name, b in trials.items():
+        budget.copy_(b)
+        g.replay()
+        torch.cuda.synchronize()
+        record(f"graph_replay_base_plus/{name}",
+               all(torch.equal(a, e) for a, e in zip(static, eager[name])))
+
+
+def time_base_plus(out_dir: str) -> None:
+    """Selection latency of base vs base_plus (both launches, graph replay) at the Qwen3 shape."""
+    s = SHAPES["qwen3-30b-a3b"]
+    E, K, H = s["E"], s["K"], s["H"]
+    pred = make_predictor(E, H)
+    rows = []
+    print(f"{'T':>4} {'base_us':>8} {'base_plus_us':>12} {'ratio':>6}", flush=True)
+    for T in BASE_PLUS_TOKENS:
+        r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+        x = torch.randn(T, H, device=DEVICE).bfloat16()
+        bud = torch.full((T,), 16, device=DEVICE)
+        us = {}
+        for policy in ("base", "base_plus", "base", "base_plus"):  # interleaved, best of two
+            cfg = SelectionConfig(policy=policy)
+            t = graph_time_us(lambda: base_select_experts(  # noqa: B023
+                r.logits, r.ids, r.weights, x, bud, 0, cfg, pred,  # noqa: B023
+                norm_topk_prob=s["norm_topk_prob"]))
+            us[policy] = min(us.get(policy, float("inf")), t)
+        ratio = us["base_plus"] / us["base"]
+        rows.append(dict(shape="qwen3-30b-a3b", T=T, M=16, base_us=round(us["base"], 2),
+                         base_plus_us=round(us["base_plus"], 2), ratio=round(ratio, 3)))
+        print(f"{T:>4} {us['base']:>8.2f} {us['base_plus']:>12.2f} {ratio:>6.3f}", flush=True)
+        record(f"latency_base_plus_vs_base/T={T}", ratio <= 1.2 or DEVICE != "cuda", **rows[-1])
+    write_rows(os.path.join(out_dir, "base_plus_latency.csv"), rows,
+               provenance({"tokens": list(BASE_PLUS_TOKENS), "budget": "M=16",
+                           "timing": "CUDA graph of 10 calls, median of 15 replays, best of 2"}))
+
+
 def check_fused_moe() -> None:
     for shape, s in SHAPES.items():
         E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
@@ -173,15 +288,22 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
+    ap.add_argument("--only", choices=["base_plus"], help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
         global SHAPES, TOKENS
         SHAPES = {"qwen3-30b-a3b": SHAPES["qwen3-30b-a3b"]}
         TOKENS = (16, 128)
     torch.manual_seed(0)
-    checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe]
+    def latency_base_plus():
+        time_base_plus(args.out)
+
+    base_plus = [check_base_plus, check_graph_base_plus, latency_base_plus]
+    checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe, *base_plus]
+    if args.only == "base_plus":
+        checks = base_plus
     if DEVICE != "cuda":  # CPU dry run: no graphs
-        checks.remove(check_graph)
+        checks = [c for c in checks if c not in (check_graph, check_graph_base_plus)]
     for fn in checks:
         try:
             fn()

@@ -4,8 +4,8 @@ Shape legend: T tokens in the forward batch, K routed slots, E experts, H hidden
 
 A forward hook on each MoE block's router (`block.gate`, the real transformers module) sees the layer
 input z [T, H] and the routing (logits, weights, ids). The routed experts' unweighted outputs E_u(z_t)
-are recomputed from the block's own weights (experts.gate_up_proj / down_proj / act_fn, as in
-core/moe_ref.py), one expert at a time in fp32, and immediately folded into LayerStats; nothing per
+are recomputed from the block's own weights by core/moe_ref.py (the project's one expert forward),
+in fp32, and immediately folded into LayerStats; nothing per
 token is kept, so memory is bounded by the statistics, not by the data.
 """
 
@@ -15,54 +15,15 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from base_sglang.hf.blocks import all_expert_outputs, routed_outputs
 
 LOG_EPS = 1e-6  # target is log(||E_u(z)|| + LOG_EPS)
 
 
 class StopForward(Exception):
     """Raised by the hook after the last layer a pass needs: the rest of the model is skipped."""
-
-
-def expert_weights(experts: nn.Module, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (gate_up [2I, H], down [H, I]) of one expert."""
-    return experts.gate_up_proj[e].float(), experts.down_proj[e].float()
-
-
-def run_expert(experts: nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
-    """E_e(x) in fp32. x [n, H] -> [n, H]."""
-    gate_up, down = expert_weights(experts, e)
-    gate, up = F.linear(x.float(), gate_up).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(experts.act_fn(gate) * up, down)  # [n, H]
-
-
-def all_expert_outputs(x: torch.Tensor, experts: nn.Module) -> torch.Tensor:
-    """Every expert on every token, fp32 [E, T, H] (one linear + one batched matmul). x [T, H]."""
-    E, I2, H = experts.gate_up_proj.shape
-    h = F.linear(x.float(), experts.gate_up_proj.float().reshape(E * I2, H))  # [T, E*2I]
-    gate, up = h.view(-1, E, I2).transpose(0, 1).chunk(2, dim=-1)  # [E, T, I] each
-    return torch.bmm(experts.act_fn(gate) * up, experts.down_proj.float().transpose(1, 2))  # [E, T, H]
-
-
-def routed_outputs(x: torch.Tensor, ids: torch.Tensor, experts: nn.Module,
-                   dense_tokens: int = 64) -> torch.Tensor:
-    """Unweighted E_{ids[t,k]}(x[t]) for every routed slot, fp32 [T, K, H].
-
-    Up to dense_tokens tokens (a decode step) every expert runs on every token in two batched matmuls
-    and the routed slots are gathered; larger batches loop over the experts present.
-    """
-    T, K = ids.shape
-    if T <= dense_tokens:
-        outs = all_expert_outputs(x, experts)  # [E, T, H]
-        return outs[ids.long(), torch.arange(T, device=x.device)[:, None]]  # [T, K, H]
-    flat = ids.reshape(-1).long()  # [T*K]
-    tok = torch.arange(T, device=x.device).repeat_interleave(K)  # [T*K]
-    out = torch.zeros(T * K, x.shape[-1], dtype=torch.float32, device=x.device)  # [T*K, H]
-    for e in torch.unique(flat).tolist():
-        sel = (flat == e).nonzero().squeeze(1)  # [n]
-        out[sel] = run_expert(experts, e, x[tok[sel]])
-    return out.view(T, K, -1)
 
 
 @contextmanager

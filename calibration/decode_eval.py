@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from base_sglang.calibration.collect import routed_outputs
 from base_sglang.core import SelectionConfig
-from base_sglang.engine.moe_hook import MoEPatch, decode_step
+from base_sglang.hf import MoEPatch, decode_step
+from base_sglang.hf.blocks import routed_outputs
 
 
 @dataclass

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "error per MoE layer bounded by each of these values (core/error_budget.py)")
     p.add_argument("--no-energy", action="store_true", help="skip the retained-energy probe (faster)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1, see base-calibrate --help; 0 = torch default)")
     p.add_argument("--quiet", action="store_true")
@@ -94,7 +94,6 @@ def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from base_sglang.calibration.artifact import load_model
     from base_sglang.calibration.decode_eval import EnergyProbe, run_batch
     from base_sglang.calibration.report import environment, table, write_outputs
     from base_sglang.calibration.sweep import (
@@ -105,17 +104,14 @@ def run(args) -> int:
     )
     from base_sglang.core import Predictor
     from base_sglang.core.predictor import describe_model_config
-    from base_sglang.engine.moe_hook import MoEPatch
+    from base_sglang.hf import MoEPatch, load_model
 
     policies = _validate(args)
     t0 = time.time()
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype or "auto")
     predictor = Predictor.load(args.predictor) if args.predictor else None
     if predictor is not None:
-        if predictor.meta.architecture != model.config.model_type:
-            raise ValueError(f"predictor field 'architecture' = {predictor.meta.architecture!r} but the "
-                             f"model is {model.config.model_type!r}")
-        predictor.validate(model.config)
+        predictor.validate(model.config)  # the one architecture check (family match)
         predictor = predictor.to(next(model.parameters()).device)
     desc = describe_model_config(model.config)
     E, K = int(desc["num_experts"]), int(desc["top_k"])

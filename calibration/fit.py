@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from base_sglang.calibration.collect import LOG_EPS, LayerStats, routed_outputs
+from base_sglang.calibration.collect import LOG_EPS, LayerStats
+from base_sglang.core.selection import top_m_mask
+from base_sglang.hf.blocks import routed_outputs
 
 NEVER = 1e30  # ExFold: loss of never-observed pairs and of the diagonal
 
@@ -111,14 +113,6 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-30))
 
 
-def top_m_mask(score: torch.Tensor, in_union: torch.Tensor, m: int) -> torch.Tensor:
-    """Per row, the top-m union experts by score. score, in_union [S, E] -> bool [S, E]."""
-    masked = torch.where(in_union, score, torch.full_like(score, -float("inf")))
-    idx = masked.topk(min(m, score.shape[1]), dim=1).indices  # [S, m]
-    keep = torch.zeros_like(in_union).scatter_(1, idx, True)
-    return keep & in_union
-
-
 class HeldoutStats:
     """Held-out quality of one layer's fitted predictor.
 
@@ -166,7 +160,7 @@ class HeldoutStats:
         self.union.extend(in_union.sum(1).float().tolist())
         self.energy_total += float(d_true.sum())
         for (name, m) in self.kept:
-            keep = top_m_mask(scores[name], in_union, m)
+            keep = top_m_mask(scores[name], m, in_union)
             self.kept[(name, m)] += float((d_true * keep).sum())
         for s in range(S):
             u = in_union[s]

@@ -14,13 +14,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from base_sglang.calibration.artifact import assemble, moe_blocks
+from base_sglang.calibration.artifact import assemble
 from base_sglang.calibration.collect import LayerStats, capture, run_forward
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.data import windows
 from base_sglang.calibration.fit import HeldoutStats, finish_layer
 from base_sglang.core import Predictor
 from base_sglang.core.predictor import describe_model_config
+from base_sglang.hf import find_moe_blocks
 
 
 def layer_groups(layers: list[int], per_layer_bytes: int, max_gib: float) -> list[list[int]]:
@@ -51,7 +52,7 @@ def calibrate(model: nn.Module, doc_ids: list[list[int]], cfg: CalibrationConfig
               model_id: str = "", data_desc: dict | None = None, progress: bool = True) -> Predictor:
     t0 = time.time()
     dev = next(model.parameters()).device
-    blocks = moe_blocks(model)
+    blocks = find_moe_blocks(model, require=True)
     desc = describe_model_config(model.config)
     E, H, K = int(desc["num_experts"]), int(desc["hidden_size"]), int(desc["top_k"])
     fit_w, held_w = split_windows(doc_ids, cfg)

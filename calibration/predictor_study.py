@@ -131,24 +131,24 @@ def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets) -> dic
     union = score(torch.ones_like(c_true)) > 0
     for m in budgets:
         for name, d in (("pred", d_pred), ("oracle", d_true)):
-            out[f"energy_{name}@{m}"] = float((d_true * top_m_mask(d, union, m)).sum() / d_true.sum())
+            out[f"energy_{name}@{m}"] = float((d_true * top_m_mask(d, m, union)).sum() / d_true.sum())
     return out
 
 
 def run(args) -> int:
-    from base_sglang.calibration.artifact import load_model, moe_blocks
     from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
     from base_sglang.calibration.pipeline import split_windows
     from base_sglang.calibration.report import environment
     from base_sglang.core.predictor import describe_model_config
+    from base_sglang.hf import find_moe_blocks, load_model
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     for o in options:
         if o not in OPTIONS:
             raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS}")
     t0 = time.time()
-    model, tok = load_model(args.model)
-    blocks = moe_blocks(model)
+    model, tok = load_model(args.model, "cpu", "float32")
+    blocks = find_moe_blocks(model, require=True)
     desc = describe_model_config(model.config)
     E, K, H = int(desc["num_experts"]), int(desc["top_k"]), int(desc["hidden_size"])
     cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,

@@ -7,15 +7,15 @@ import math
 import torch
 
 from base_sglang.calibration.decode_eval import Setting, Trace
-from base_sglang.core import SelectionConfig
+from base_sglang.core import DEFAULT_POLICY, POLICIES, SelectionConfig
+from base_sglang.core.config import BUDGETED_POLICIES, STAT_POLICIES
 
-# kept-set size = budget (M or D)
-BUDGETED = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "frequency", "exfold")
-ALL_POLICIES = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "frequency", "exfold", "oea",
-                "sere", "lynx")
-NEEDS_PREDICTOR = ("base_plus", "base", "sere", "exfold", "frequency")
+# the sweep runs dense as its reference; oracle_plus is an evaluation-only policy (below)
+ALL_POLICIES = tuple(p for p in POLICIES if p != "dense") + ("oracle_plus",)
+BUDGETED = BUDGETED_POLICIES + ("oracle_plus",)  # kept-set size = budget (M or D)
+NEEDS_PREDICTOR = tuple(STAT_POLICIES)
 KNOB = {p: "M" for p in BUDGETED} | {"exfold": "D"}
-DEFAULT = "base_plus"  # the policy the targets are about (core.config.DEFAULT_POLICY)
+DEFAULT = DEFAULT_POLICY  # the policy the targets are about
 COST_TOL = 0.5  # experts: costs this close count as equal
 ORACLES = ("oracle", "oracle_plus")  # oracle = true norms in BASE's score (the paper's ablation);
 # oracle_plus = true norms with base_plus's combine rule (the oracle of the default's own objective)

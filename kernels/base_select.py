@@ -10,12 +10,13 @@ then builds its own row:
     backfill: its routed experts that are in S (in slot order), then the experts of S it did not route,
               in descending router-logit order (ties -> lower id), up to K; -1 pads the rest;
     drop:     its routed experts that are in S keep their slot, the others become -1;
-    weights:  renormalised over the final set to the token's original total weight ("always") or
-              the model's own weight for routed experts and p * (sum w / sum p_routed) for backfilled
-              ones ("never"); a row whose ids did not change keeps its weights bit-exactly.
+    weights:  renormalised over the final set to the token's original total weight W ("always"),
+              the model's own weight for routed experts and p * (W / sum p_routed) for backfilled
+              ones ("never"), or those "never" weights times (W / their sum) ** alpha ("partial",
+              base_plus); a row whose ids did not change keeps its weights bit-exactly.
 Program 0 also writes D, the kept mask and the statistics. This is base_sglang.core.selection
-(policy "base") on the GPU; its outputs match the core exactly for ids and to float rounding for
-weights. Shape legend: T tokens, K slots, E experts.
+(policies "base" and "base_plus") on the GPU; its outputs match the core exactly for ids and to
+float rounding for weights. Shape legend: T tokens, K slots, E experts.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from base_sglang.kernels.utils import (
     use_pdl,
 )
 
+COMBINE_MODES = {"always": 0, "never": 1, "partial": 2}  # kernel constexpr COMBINE
+
 
 @triton.jit
 def _base_select_kernel(
     cost_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, in_s_ptr, counts_ptr, removed_ptr,
-    T, stride_lt,
+    T, stride_lt, alpha,
     E: tl.constexpr, K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-    BACKFILL: tl.constexpr, RENORM: tl.constexpr,
+    BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
@@ -129,12 +132,20 @@ def _base_select_kernel(
 
     ok = (new >= 0) & kmask
     total_w = tl.sum(w_k, axis=0)
-    if RENORM:
+    if COMBINE == 0:  # "always"
         p_sum = tl.sum(tl.where(ok, p_new, 0.0), axis=0)
         new_w = p_new / tl.maximum(p_sum, 1e-30) * total_w
-    else:
+    else:  # "never", then "partial" rescales by (W / sum) ** alpha
         total_p = tl.sum(p_k, axis=0)
         new_w = tl.where(is_own, w_own, p_new * (total_w / tl.maximum(total_p, 1e-30)))
+        if COMBINE == 2:
+            total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=0), 1e-30)
+            ratio = tl.maximum(total_w / total_new, 0.0)
+            # ratio ** alpha as exp(alpha log ratio); 0 ** alpha = 1 for alpha 0, else 0 (as torch.pow)
+            safe = tl.where(ratio > 0.0, ratio, 1.0)
+            scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
+                             tl.where(alpha == 0.0, 1.0, 0.0))
+            new_w = new_w * scale
     unchanged = tl.sum(((new != e_k) & kmask).to(tl.int32), axis=0) == 0
     new_w = tl.where(unchanged, w_k, new_w)
     keep = ok & real_t
@@ -152,7 +163,8 @@ def base_select(
     budget: torch.Tensor,  # [T] int32/int64 contiguous on the device; -1 = padded row, >= E dense
     *,
     backfill: bool = True,
-    renorm: bool = True,  # True: "always" (renormalise the final set); False: "never"
+    combine: str = "always",  # "always" | "never" | "partial" (SelectionConfig.combine_mode)
+    alpha: float = 0.5,  # exponent of "partial" (SelectionConfig.renorm_alpha), in [0, 1]
 ):
     """Apply BASE to one MoE layer's routing. Returns (ids, weights, d, in_s, counts, removed):
     ids [T, K] (ids dtype, -1 dropped), weights [T, K] (weights dtype, 0 dropped), d [E] fp32 batch
@@ -170,6 +182,9 @@ def base_select(
     check_tensor("ids", ids, (T, K), ID_DTYPES, dev)
     check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev)
     check_tensor("budget", budget, (T,), ID_DTYPES, dev)
+    check(combine in COMBINE_MODES,
+          f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
+    check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
     new_ids = torch.empty_like(ids)
     new_w = torch.empty_like(weights)
     # NOTE: empty, not zeros: program 0 writes all four (saves four memset launches per call)
@@ -183,8 +198,9 @@ def base_select(
     block_e = triton.next_power_of_2(E)
     _base_select_kernel[(T,)](
         cost, ids, weights, logits, budget, new_ids, new_w, d, in_s, counts, removed,
-        T, logits.stride(0), E=E, K=K, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(K),
-        BLOCK_P=max(16, min(128, 16384 // block_e)), BLOCK_T=min(triton.next_power_of_2(T), 256),
-        BACKFILL=backfill, RENORM=renorm, USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
+        T, logits.stride(0), float(alpha), E=E, K=K, BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(K), BLOCK_P=max(16, min(128, 16384 // block_e)),
+        BLOCK_T=min(triton.next_power_of_2(T), 256), BACKFILL=backfill,
+        COMBINE=COMBINE_MODES[combine], USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
         **launch_kwargs(pdl))
     return new_ids, new_w, d, in_s, counts, removed

@@ -1,9 +1,12 @@
 """`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (two launches).
 
-Same signature and semantics as the core for policy "base" (ids exact, weights to float rounding):
-base_score (per-pair predicted removal cost) then base_select (batch score, top-M, backfill, weights).
-Other policies and layers listed in config.skip_layers run the core's torch path, which is also
-fixed-shape and graph-capturable. Missing inputs raise the core's errors.
+Same signature and semantics as the core for policies "base" and "base_plus" (ids exact, weights to
+float rounding): base_score (per-pair predicted removal cost) then base_select (batch score, top-M,
+backfill, weights). The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
+"partial" with config.renorm_alpha), so base_plus and base with any renorm mode run here. Other
+policies, layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run
+the core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the
+core's errors.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import torch
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
+
+KERNEL_POLICIES = ("base", "base_plus")  # same kept set and backfill; they differ in the combine rule
 
 
 def base_select_experts(
@@ -27,14 +32,16 @@ def base_select_experts(
     *,
     norm_topk_prob: bool = True,
     routed_norms: torch.Tensor | None = None,
+    max_error: torch.Tensor | None = None,  # [T] error bounds: error-targeted budgets run the core
 ) -> Selection:
     """Turn the router's top-k into what one MoE layer executes in one decode step (Triton)."""
-    use_core = (config.policy != "base" or layer_id in config.skip_layers or predictor is None
-                or hidden_states is None or layer_id not in predictor._slot)
+    use_core = (config.policy not in KERNEL_POLICIES or layer_id in config.skip_layers
+                or predictor is None or hidden_states is None or layer_id not in predictor._slot
+                or max_error is not None)
     if use_core:
         return select_experts(router_logits, topk_ids, topk_weights, hidden_states, budget, layer_id,
                               config, predictor, norm_topk_prob=norm_topk_prob,
-                              routed_norms=routed_norms)
+                              routed_norms=routed_norms, max_error=max_error)
     dev = router_logits.device
     j = predictor.slot(layer_id)
     a = predictor.weight[j].to(dev)  # [E, H] no copy when the predictor already lives on dev
@@ -44,7 +51,7 @@ def base_select_experts(
     ids = topk_ids.contiguous()
     w = topk_weights.contiguous()
     cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
-    renorm = config.renorm == "always" or (config.renorm == "native" and norm_topk_prob)
     new_ids, new_w, _d, _in_s, counts, removed = base_select(
-        cost, ids, w, router_logits, budget.contiguous(), backfill=config.backfill, renorm=renorm)
+        cost, ids, w, router_logits, budget.contiguous(), backfill=config.backfill,
+        combine=config.combine_mode(norm_topk_prob), alpha=config.renorm_alpha)
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))

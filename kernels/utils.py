@@ -28,10 +28,6 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def check(cond: bool, msg: str) -> None:
     """Contract check that survives `python -O` (unlike assert)."""
     if not cond:

@@ -22,7 +22,8 @@ FLAGS = {  # field -> help
     "model": "Hugging Face MoE checkpoint directory (default: the embedded proxy model)",
     "served_model_name": "model id clients send (default: the directory name)",
     "predictor": "predictor file (default: <model>/predictor.safetensors)",
-    "policy": "expert selection policy in decode steps (base, dense, gate_sum, ...)",
+    "policy": "expert selection policy in decode steps (base_plus; base = the paper's BASE, dense, "
+              "gate_sum, ...)",
     "default_budget": "budget of requests that set none: experts per MoE layer per step, or dense",
     "min_budget": "smallest budget a request may ask for",
     "max_budget": "largest budget a request may ask for (default: E, i.e. dense allowed)",
@@ -35,6 +36,9 @@ FLAGS = {  # field -> help
     "device": "auto, cpu or cuda[:N] (native backend)",
     "dtype": "auto, float32, bfloat16 or float16 (native backend)",
     "num_threads": "torch CPU threads (native backend; default: torch's choice)",
+    "max_model_len": "tokens per request, prompt + output (default: the model's context length)",
+    "max_request_bytes": "request bodies larger than this get HTTP 413",
+    "shutdown_timeout": "seconds SIGTERM waits for in-flight requests before ending them",
     "log_level": "uvicorn log level",
 }
 
@@ -45,8 +49,10 @@ def build_parser(defaults: Settings) -> argparse.ArgumentParser:
     for name, help_text in FLAGS.items():
         default = getattr(defaults, name)
         kind = type(default) if isinstance(default, int) and not isinstance(default, bool) else None
-        if name in ("max_budget", "num_threads"):
+        if name in ("max_budget", "num_threads", "max_model_len"):
             kind = int
+        if name == "shutdown_timeout":
+            kind = float
         shown = ("set" if default else "none") if name == "api_key" else default  # never echo a key
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=default,
                        type=kind or str, help=f"{help_text} [default: {shown}]")
@@ -75,9 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(backend, settings)
     except (FileNotFoundError, ValueError) as exc:
         _fail(_name_option(str(exc)))
-    import uvicorn
+    from base_sglang.server.shutdown import serve
 
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    serve(app, settings.host, settings.port, settings.log_level, settings.shutdown_timeout)
 
 
 def _fail(message: str) -> NoReturn:

@@ -15,19 +15,20 @@ __all__ = ["BUDGET_HEADER", "budget_label", "check_model", "require_api_key", "r
 
 
 def resolve_budget(request: Request, body_value: Any) -> int:
-    """The request's budget, an int in 1..E (E = dense): the body field wins over the header;
-    absent -> the server default. Raises APIError(400) naming the field."""
+    """The request's budget, an int in 1..E (E = dense): the body field wins over the header
+    (a malformed header is refused even then); absent -> the server default. Raises
+    APIError(400) naming the field."""
     settings, backend = request.app.state.settings, request.app.state.backend
-    if body_value is not None:
-        field, value = BUDGET_FIELD, body_value
-    elif request.headers.get(BUDGET_HEADER) is not None:
-        field, value = BUDGET_HEADER, request.headers[BUDGET_HEADER]
-    else:
-        return request.app.state.default_budget
-    try:
-        return resolve(value, field, backend.num_experts, settings.min_budget, settings.max_budget)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param=field) from None
+    found = [(BUDGET_FIELD, body_value), (BUDGET_HEADER, request.headers.get(BUDGET_HEADER))]
+    found = [(field, value) for field, value in found if value is not None]
+    budgets = []
+    for field, value in found:  # both are checked when both are sent; the body's wins
+        try:
+            budgets.append(resolve(value, field, backend.num_experts, settings.min_budget,
+                                   settings.max_budget))
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=field) from None
+    return budgets[0] if budgets else request.app.state.default_budget
 
 
 async def require_api_key(request: Request) -> None:

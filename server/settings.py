@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from base_sglang.core import POLICIES
+from base_sglang.core import DEFAULT_POLICY, POLICIES
 from base_sglang.core.budget import parse_budget
 from base_sglang.engine.config import DEFAULT_MODEL_DIR
 
@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     model: str = str(DEFAULT_MODEL_DIR)
     served_model_name: str | None = None  # /v1/models id; default: the model directory's name
     predictor: str | None = None  # default: <model>/predictor.safetensors when present
-    policy: str = "base"
+    policy: str = DEFAULT_POLICY  # base_plus; "base" is the paper's BASE
     default_budget: str = "dense"  # experts per MoE layer per decode step, or "dense"
     min_budget: int = Field(1, ge=1)
     max_budget: int | None = Field(None, ge=1)  # default: E (dense allowed)
@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int | None = Field(None, ge=1)  # torch CPU threads (native backend)
+    max_model_len: int | None = Field(None, ge=2)  # tokens per request; default: the model's
+    max_request_bytes: int = Field(8 << 20, ge=1024)  # larger request bodies get 413
+    shutdown_timeout: float = Field(30.0, ge=0, allow_inf_nan=False)  # drain deadline, seconds
     log_level: str = "info"
     backend_args: list[str] = []  # CLI arguments base-serve does not know, for the backend (sglang)
 

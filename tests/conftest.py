@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed_and_reset():
     torch.manual_seed(0)
-    from base_sglang.engine import moe_hook
+    from base_sglang import hf
 
-    moe_hook.reset_step()
+    hf.reset_step()
     yield
-    moe_hook.reset_step()
+    hf.reset_step()

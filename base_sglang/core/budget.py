@@ -13,23 +13,21 @@ from typing import Any
 BUDGET_HEADER = "X-Expert-Budget"
 BUDGET_FIELD = "expert_budget"
 DENSE_LABEL = "dense"
-DENSE = 1 << 30  # legacy sentinel of the SGLang plugin's budget path: any value >= E is dense
 
 
-def parse_budget(value: Any, field: str, num_experts: int | None = None) -> int:
-    """An integer >= 1 (<= E when E is known) or "dense" -> DENSE. Raises ValueError naming field."""
+def parse_budget(value: Any, field: str) -> int | str:
+    """The syntax alone (E unknown): an int >= 1 or DENSE_LABEL. Raises ValueError naming field."""
     if isinstance(value, str):
         text = value.strip().lower()
         if text == DENSE_LABEL:
-            return DENSE
+            return DENSE_LABEL
         if text.lstrip("+").isdigit():
             value = int(text)
+    if isinstance(value, float) and value.is_integer():  # JSON 4.0 is the integer 4
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{field}: must be an integer number of experts (>= 1) or \"dense\", "
                          f"got {value!r}")
-    if num_experts is not None and value != DENSE and value > num_experts:
-        raise ValueError(f"{field}: {value} exceeds the model's {num_experts} experts per layer "
-                         f"(use {num_experts} or \"dense\")")
     return value
 
 
@@ -41,8 +39,12 @@ def resolve_budget(value: Any, field: str, num_experts: int, min_budget: int = 1
     [min_budget, max_budget] (max_budget None = E; dense counts as E). Raises ValueError whose
     message starts with `field`.
     """
-    budget = parse_budget(value, field, num_experts)
-    budget = min(budget, num_experts)
+    budget = parse_budget(value, field)
+    if budget == DENSE_LABEL:
+        budget = num_experts
+    elif budget > num_experts:
+        raise ValueError(f"{field}: {budget} exceeds the model's {num_experts} experts per layer "
+                         f"(use {num_experts} or \"dense\")")
     hi = num_experts if max_budget is None else min(max_budget, num_experts)
     if not min_budget <= budget <= hi:
         raise ValueError(f"{field}: {budget_label(budget, num_experts)} is outside the allowed "

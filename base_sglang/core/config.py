@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("dense", "base_plus", "base", "oracle", "sere", "oea", "lynx", "exfold", "gate_sum",
-            "frequency")
+POLICIES = ("dense", "base_plus", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere",
+            "lynx")
 # the project's default: BASE's kept set with partial renormalisation (see SelectionConfig.renorm)
 DEFAULT_POLICY = "base_plus"
 RENORM_MODES = ("native", "always", "never", "partial")

@@ -143,17 +143,17 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
         if pred_d is None:
             _need(predictor, policy)
             raise ValueError("base: hidden_states are required to predict removal costs")
-        return pred_d, _top_m(pred_d, m, in_union)
+        return pred_d, top_m_mask(pred_d, m, in_union)
     if policy == "oracle":
         if routed_norms is None:
             raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
         d = _batch_score(ids, w.square() * routed_norms.float().square(), valid, E)  # [E] true D_u
-        return d, _top_m(d, m, in_union)
+        return d, top_m_mask(d, m, in_union)
     if policy == "gate_sum":
-        return cost, _top_m(_batch_score(ids, w, valid, E), m, in_union)
+        return cost, top_m_mask(_batch_score(ids, w, valid, E), m, in_union)
     if policy == "frequency":
         freq = _need(predictor, policy).expert_freq[predictor.slot(layer_id)].to(w.device)  # [E]
-        return cost, _top_m(freq.float(), m, in_union)
+        return cost, top_m_mask(freq.float(), m, in_union)
     if policy == "oea":
         top = slot_rank(w) < config.oea_k0  # [T, K] the token's k0 heaviest slots
         base = _membership(ids, valid & top, E).any(0)  # [E] union of every token's top-k0
@@ -184,13 +184,19 @@ def _error_cost(policy, pred_c, pred_d, w, ids, valid, E, routed_norms):
     return pred_c, pred_d
 
 
-def _top_m(score: torch.Tensor, m: torch.Tensor, in_union: torch.Tensor) -> torch.Tensor:
-    """Mask of the top-m union experts by score (stable: ties go to the lower id). score [E]."""
-    E = score.shape[0]
+def top_m_mask(score: torch.Tensor, m, in_union: torch.Tensor) -> torch.Tensor:
+    """Mask of the top-m union experts by score (stable: ties go to the lower id).
+
+    score, in_union [..., E]; m an int or a tensor broadcastable to score[..., 0] (a 0-d tensor
+    keeps it on the device: no host sync).
+    """
+    E = score.shape[-1]
     masked = torch.where(in_union, score.float(), torch.full_like(score.float(), -float("inf")))
-    order = torch.sort(masked, descending=True, stable=True).indices  # [E]
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(E, device=score.device))  # [E]
-    return (rank < m) & in_union  # [E]
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices  # [..., E]
+    ar = torch.arange(E, device=score.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, ar)  # [..., E]
+    m = torch.as_tensor(m, device=score.device)
+    return (rank < m.unsqueeze(-1) if m.dim() else rank < m) & in_union  # [..., E]
 
 
 # ---- backfill and weights ----------------------------------------------------------------------
@@ -266,7 +272,7 @@ def _exfold(ids, w, valid, in_union, m, layer_id, config, predictor):
         raise ValueError("exfold: the predictor file lacks expert_norm / exfold_loss statistics")
     h = predictor.expert_norm[j].to(w.device).float()  # [E]
     imp = _batch_score(ids, w * h[ids], valid, E)  # [E]
-    sub = _top_m(imp, m, in_union)  # [E]
+    sub = top_m_mask(imp, m, in_union)  # [E]
     loss = predictor.exfold_loss[j].to(w.device).float()  # [E, E]
     coef = predictor.exfold_coef[j].to(w.device).float()  # [E, E]
     to_sub = torch.where(sub[None, None, :], loss[ids], torch.full_like(loss[ids], float("inf")))

@@ -1,6 +1,6 @@
 """Native engine: continuous batching over a transformers MoE model with BASE in its decode steps.
 
-Names are exported lazily so `import base_sglang.engine.moe_hook` stays torch-only.
+Names are exported lazily: `import base_sglang.engine` loads nothing until a name is used.
 """
 
 from importlib import import_module
@@ -10,9 +10,9 @@ _EXPORTS = {
     "DEFAULT_MODEL_DIR": ".config",
     "EngineConfig": ".config",
     "LLMEngine": ".llm_engine",
-    "SamplingParams": ".sampling_params",
-    "QueueFull": ".scheduler",
-    "RequestOutput": ".sequence",
+    "SamplingParams": "..protocol",
+    "QueueFull": "..protocol",
+    "RequestOutput": "..protocol",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -17,9 +17,8 @@ import threading
 import traceback
 from collections.abc import AsyncIterator
 
+from ..protocol import QueueFull, RequestOutput
 from .llm_engine import LLMEngine
-from .scheduler import QueueFull
-from .sequence import RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +70,12 @@ class AsyncLLMEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         self._send(("add", request_id, prompt_ids, params, budget))
-        return self._stream(request_id, q)
+        return self._stream(request_id, q, params.n)
 
-    async def _stream(self, request_id: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+    async def _stream(self, request_id: str, q: asyncio.Queue,
+                      num_choices: int) -> AsyncIterator[RequestOutput]:
+        """Outputs of every choice, interleaved, until each of the num_choices has finished."""
+        left = set(range(num_choices))
         finished = False
         try:
             while not finished:
@@ -81,7 +83,9 @@ class AsyncLLMEngine:
                 if isinstance(out, BaseException):
                     finished = True  # the engine never admitted it
                     raise out
-                finished = out.finished
+                if out.finished:
+                    left.discard(out.index)
+                finished = not left
                 yield out
         finally:
             self._streams.pop(request_id, None)
@@ -91,6 +95,23 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
             self._send(("abort", request_id))
+
+    def abort_all(self, error: str) -> int:
+        """End every live request now with an error output (shutdown deadline); -> how many."""
+        live = list(self._streams)
+        for rid in live:
+            loop, q = self._streams[rid]
+            final = RequestOutput(request_id=rid, token_ids=[], text="", logprobs=None,
+                                  prompt_logprobs=None, finished=True, finish_reason="error",
+                                  num_prompt_tokens=0, num_output_tokens=0, budget=0,
+                                  experts_per_layer=None, experts_per_layer_routed=None,
+                                  error=error)
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, final)
+            except RuntimeError:  # the event loop is closed
+                pass
+            self._send(("abort", rid))
+        return len(live)
 
     # ---- engine thread -----------------------------------------------------------------------
     def _send(self, command) -> None:

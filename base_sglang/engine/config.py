@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import POLICIES
+from ..core import DEFAULT_POLICY, POLICIES
 from ..core.budget import DENSE_LABEL, parse_budget
 
 # The embedded proxy checkpoint (config, tokenizer, safetensors, predictor.safetensors).
@@ -17,7 +17,8 @@ PREDICTOR_FILE = "predictor.safetensors"
 class EngineConfig:
     """model           : Hugging Face checkpoint directory (any supported transformers MoE).
     predictor       : predictor file; None -> <model>/predictor.safetensors when it exists.
-    policy          : selection policy applied in decode steps (prefill is always dense).
+    policy          : selection policy applied in decode steps (prefill is always dense); default
+                      core.DEFAULT_POLICY (base_plus); "base" is the paper's BASE.
     default_budget  : experts per MoE layer per decode step for requests that set none: an int
                       1..E or "dense" (checked against E when the model is loaded).
     max_running_requests : rows in one decode batch.
@@ -31,7 +32,7 @@ class EngineConfig:
 
     model: str = str(DEFAULT_MODEL_DIR)
     predictor: str | None = None
-    policy: str = "base"
+    policy: str = DEFAULT_POLICY
     default_budget: int | str = DENSE_LABEL
     max_running_requests: int = 32
     max_waiting_requests: int = 256

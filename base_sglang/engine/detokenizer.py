@@ -17,11 +17,12 @@ class Detokenizer:
         self.text = ""  # text emitted so far
         self.stopped = False
 
-    def update(self, token_ids: list[int], final: bool = False) -> str:
-        """Decode token_ids (the whole output); return the new text. Sets `stopped` on a stop string."""
+    def update(self, token_ids: list[int], final: bool = False, check_stop: bool = True) -> str:
+        """Decode token_ids (the whole output); return the new text. Sets `stopped` on a stop
+        string (not searched while check_stop is False: before min_tokens, as vLLM)."""
         full = self.tokenizer.decode(token_ids, skip_special_tokens=True,
                                      clean_up_tokenization_spaces=False)
-        cut = self._find_stop(full)
+        cut = self._find_stop(full) if check_stop else None
         if cut is not None:
             self.stopped = True
             full, final = full[:cut], True

@@ -33,12 +33,22 @@ class BatchKVCache:
         pad = torch.tensor(self.pad, device=device)  # [B]
         return (cols[None, :] >= pad[:, None]).long()
 
-    def merge(self, new: DynamicCache, pad: list[int]) -> None:
-        """Append the rows of a freshly prefilled left-padded cache (its pad columns get zeroed)."""
+    def merge(self, new: DynamicCache, pad: list[int], rows: list[int] | None = None) -> None:
+        """Append the rows of a freshly prefilled left-padded cache (its pad columns get zeroed).
+
+        rows: which prefilled row each new batch row copies (a prompt with n choices is prefilled
+        once and its row copied n times); None = each row once, in order.
+        """
         for layer in new.layers:
             for b, p in enumerate(pad):
                 layer.keys[b, :, :p] = 0
                 layer.values[b, :, :p] = 0
+        if rows is not None and rows != list(range(len(pad))):
+            idx = torch.tensor(rows, device=new.layers[0].keys.device)
+            for layer in new.layers:
+                layer.keys = layer.keys.index_select(0, idx)  # [b', heads, S, Dk]
+                layer.values = layer.values.index_select(0, idx)
+            pad = [pad[r] for r in rows]
         if self.cache is None:
             self.cache, self.pad = new, list(pad)
             return

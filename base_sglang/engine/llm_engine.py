@@ -5,22 +5,30 @@ from __future__ import annotations
 import itertools
 import logging
 import traceback
+import uuid
 
 import torch
 
 from ..core.budget import BUDGET_FIELD, resolve_budget
+from ..hf import eos_token_ids
+from ..protocol import RequestOutput
 from .config import EngineConfig
 from .detokenizer import Detokenizer
-from .loader import eos_token_ids
+from .grammar import GrammarCompiler
 from .model_runner import ModelRunner
-from .sampler import Sampler, token_logprobs
+from .outputs import delta_output, hold, ranked_outputs
+from .sampler import NO_TOKEN, Sampler, chosen_logprobs, token_logprobs
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence
+from .sequence import Sequence
 from .stats import EngineStats, StepStats
 
 log = logging.getLogger(__name__)
 NON_FINITE = ("the model produced non-finite logits (NaN or Inf) for this request; it was "
               "stopped (other requests in the batch are unaffected)")
+NO_TOKEN_LEFT = ("no token is allowed at this point (the response_format grammar, logit_bias and "
+                 "min_tokens together exclude every token); the request was stopped")
+GRAMMAR_REJECTED = "the sampled token does not fit the response_format grammar; the request was stopped"
+SEED_STRIDE = 0x9E3779B97F4A7C15  # choice i of a seeded request uses seed + i * stride (mod 2**64)
 
 
 class LLMEngine:
@@ -30,12 +38,15 @@ class LLMEngine:
         self.tokenizer = self.runner.tokenizer
         self.num_experts = self.runner.num_experts
         model_cfg = self.runner.model.config
+        self.vocab_size = model_cfg.vocab_size
         self.max_model_len = config.max_model_len or model_cfg.max_position_embeddings
         self.eos_ids = eos_token_ids(self.runner.model, self.tokenizer)
         self.scheduler = Scheduler(config.max_running_requests, config.max_waiting_requests,
                                    config.max_prefill_tokens)
-        self.sampler = Sampler()
-        self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers))
+        self.sampler = Sampler(self.eos_ids)
+        self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
+        self.stats = EngineStats(num_moe_layers=len(self.runner.moe_layers),
+                                 num_experts=self.num_experts)
         self._ids = itertools.count()
         self._last_step: tuple[list[Sequence], bool] = ([], False)
         self.default_budget = resolve_budget(config.default_budget, "default_budget",
@@ -45,7 +56,8 @@ class LLMEngine:
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params, budget: int | str | None = None,
                     request_id: str | None = None) -> str:
-        """Queue a request; raises ValueError naming the field, or QueueFull.
+        """Queue a request (its n or best_of choices); raises ValueError naming the field, or
+        QueueFull.
 
         budget: experts per MoE layer per decode step, an int 1..E or "dense"; None = the
         engine's default_budget.
@@ -54,13 +66,21 @@ class LLMEngine:
         budget = self.resolve_budget(budget)
         self.validate(prompt_ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator(self.runner.device).manual_seed(params.seed)
-        seq = Sequence(rid, prompt_ids, params, budget, Detokenizer(self.tokenizer, params.stop),
-                       generator=gen)
-        self.scheduler.add(seq)
+        group: list[Sequence] = []
+        for i in range(params.num_sequences):
+            grammar = (self.grammar.matcher(params.response_format)
+                       if params.response_format is not None else None)
+            Sequence(rid, prompt_ids, params, budget, Detokenizer(self.tokenizer, params.stop),
+                     generator=self._generator(params.seed, i), index=i, group=group,
+                     grammar=grammar)
+        self.scheduler.add(group)
         return rid
+
+    def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
+        """Choice i of a seeded request draws from its own generator (choice 0: the seed itself)."""
+        if seed is None:
+            return None
+        return torch.Generator(self.runner.device).manual_seed((seed + index * SEED_STRIDE) % 2**64)
 
     def resolve_budget(self, budget: int | str | None) -> int:
         """A caller's budget (int 1..E, "dense", None = default) -> an int in 1..E (E = dense)."""
@@ -69,7 +89,9 @@ class LLMEngine:
         return resolve_budget(budget, BUDGET_FIELD, self.num_experts)
 
     def validate(self, prompt_ids: list[int], params) -> None:
-        vocab = self.runner.model.config.vocab_size
+        """Raise ValueError naming the field for anything this engine cannot serve (compiles the
+        response_format grammar, cached: see compile_grammar)."""
+        vocab = self.vocab_size
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
         if any((not isinstance(t, int)) or not 0 <= t < vocab for t in prompt_ids):
@@ -77,18 +99,40 @@ class LLMEngine:
         if len(prompt_ids) + max(params.max_tokens, 1) > self.max_model_len:
             raise ValueError(f"max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens "
                              f"({params.max_tokens}) exceeds the model's {self.max_model_len}")
+        if params.num_sequences > self.scheduler.max_running:
+            name = "best_of" if params.best_of is not None else "n"
+            raise ValueError(f"{name}: {params.num_sequences} choices exceed the engine's "
+                             f"{self.scheduler.max_running} running sequences")
+        for name, ids in (("logit_bias", params.logit_bias or ()),
+                          ("stop_token_ids", params.stop_token_ids)):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name}: token ids must be in [0, {vocab})")
+        self.compile_grammar(params)
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Drop a waiting or running request (call between steps); returns its final output."""
-        seq = self.scheduler.remove_waiting(request_id)
-        if seq is None:
-            seq = self.scheduler.find_running(request_id)
-            if seq is None:
-                return None
-            self.runner.release([self.scheduler.running.index(seq)])
-            self.scheduler.retire([seq])
-        seq.finish("abort")
-        return self._output(seq, [], "")
+    def compile_grammar(self, params) -> None:
+        """Compile params.response_format into the grammar cache (ValueError "response_format:
+        ..." if the grammar library rejects it). Thread-safe; a server calls it off its event
+        loop before submitting, so the engine thread only meets cache hits."""
+        if params.response_format is not None:
+            self.grammar.compile(params.response_format)
+
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Drop a waiting or running request (call between steps); returns the final output of
+        each of its choices that had not finished ([] for an unknown request)."""
+        group = self.scheduler.remove_waiting(request_id)
+        if group is None:
+            running = self.scheduler.find_running(request_id)
+            if not running:
+                return []
+            self.runner.release([self.scheduler.running.index(s) for s in running])
+            self.scheduler.retire(running)
+            group = running[0].group
+        left = [s for s in group if not s.is_finished]
+        for seq in left:
+            seq.finish("abort")
+        if group[0].params.holds_outputs:
+            return ranked_outputs(group, self.num_experts)
+        return [delta_output(s, [], "", self.num_experts) for s in left]
 
     def fail_step(self, error: str) -> list[RequestOutput]:
         """After step() raised: finish the requests it was running with an error, free their rows.
@@ -105,10 +149,20 @@ class LLMEngine:
                 if id(s) in failed and b < self.runner.kv.num_rows]
         self.runner.release(rows)
         self.scheduler.retire(seqs)
-        outs = []
-        for seq in seqs:
-            seq.finish("error")
-            outs.append(self._output(seq, [], "", error=error))
+        return self._fail(seqs, error)
+
+    def _fail(self, seqs: list[Sequence], error: str) -> list[RequestOutput]:
+        """End every unfinished choice of the requests of seqs with an error (rows are released
+        by the caller, or by postprocess for rows still in the batch)."""
+        outs, groups = [], {id(s.group): s.group for s in seqs}
+        for group in groups.values():
+            left = [s for s in group if not s.is_finished]
+            for seq in left:
+                seq.finish("error")
+            if group[0].params.holds_outputs:
+                outs += ranked_outputs(group, self.num_experts, error=error)
+            else:
+                outs += [delta_output(s, [], "", self.num_experts, error=error) for s in left]
         return outs
 
     def has_unfinished(self) -> bool:
@@ -121,80 +175,102 @@ class LLMEngine:
             return []
         try:
             logits, stats = self.runner.run(seqs, is_prefill)  # [B, V] last-position logits
-            failed = self._fail_non_finite(seqs, logits)
+            failed = self._fail_rows(seqs, ~torch.isfinite(logits).all(-1), NON_FINITE)
             ok = [b for b, seq in enumerate(seqs) if not seq.is_finished]
             token_ids = self.sampler(logits[ok], [seqs[b] for b in ok])
             self.stats.record(stats)
             return failed + self.postprocess([seqs[b] for b in ok], token_ids, logits[ok], stats)
-        except Exception as exc:  # the batch's requests end with an error; the engine goes on
-            log.error("engine step failed: %s", traceback.format_exc())
-            return self.fail_step(f"{type(exc).__name__}: {exc}")
+        except Exception:  # the batch's requests end with an error; the engine goes on
+            err_id = uuid.uuid4().hex[:12]
+            log.error("engine step failed (error id %s): %s", err_id, traceback.format_exc())
+            return self.fail_step(f"the engine failed while running this request's batch "
+                                  f"(error id {err_id}; the server log has the details)")
 
-    def _fail_non_finite(self, seqs: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
-        """Finish every row whose logits are not all finite with an error (only that request)."""
-        finite = torch.isfinite(logits).all(-1).tolist()  # [B]
-        outs = []
-        for seq, ok in zip(seqs, finite):
-            if not ok:
-                seq.finish("error")
-                outs.append(self._output(seq, [], "", error=NON_FINITE))
-        return outs
+    def _fail_rows(self, seqs: list[Sequence], bad: torch.Tensor, error: str):
+        """Fail the requests of the rows where bad [B] is True (all their choices, nothing else)."""
+        rows = bad.nonzero()[:, 0].tolist()
+        return self._fail([seqs[b] for b in rows], error) if rows else []
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int], logits: torch.Tensor,
                     stats: StepStats) -> list[RequestOutput]:
-        outputs = []
+        outputs = self._fail([s for s, t in zip(seqs, token_ids) if t == NO_TOKEN], NO_TOKEN_LEFT)
+        ranked = [b for b, s in enumerate(seqs) if s.params.holds_outputs and not s.is_finished]
+        cum = dict(zip(ranked, chosen_logprobs(logits[ranked], [token_ids[b] for b in ranked])
+                       if ranked else []))
+        done_groups = {}
         for b, (seq, tok) in enumerate(zip(seqs, token_ids)):
-            if stats.is_prefill and seq.params.max_tokens == 0:  # echo-only scoring request
-                seq.finish("length")
-                outputs.append(self._output(seq, [], ""))
+            if seq.is_finished:  # failed above, or with a sibling
                 continue
-            seq.output_ids.append(tok)
-            if seq.params.logprobs is not None:
-                seq.new_logprobs += token_logprobs(logits[b:b + 1], [tok], seq.params.logprobs)
-            if not stats.is_prefill:
-                seq.num_decode_steps += 1
-                seq.experts_executed_sum += stats.mean_executed
-                seq.experts_routed_sum += stats.mean_routed
-            reason = self._finish_reason(seq, tok)
-            delta = seq.detokenizer.update(seq.output_ids, final=reason is not None)
-            if seq.detokenizer.stopped:
-                reason = "stop"
-            if reason is not None:
-                seq.finish(reason)
-            outputs.append(self._output(seq, [tok], delta))
+            step = self._advance(seq, tok, logits[b:b + 1], cum.get(b, 0.0), stats)
+            if step is None:
+                outputs += self._fail([seq], GRAMMAR_REJECTED)
+            elif not seq.params.holds_outputs:
+                outputs.append(delta_output(seq, *step, self.num_experts))
+            else:
+                hold(seq)
+                if seq.is_group_finished:
+                    done_groups[id(seq.group)] = seq.group
+        for group in done_groups.values():
+            if all(s.finish_reason != "error" for s in group):
+                outputs += ranked_outputs(group, self.num_experts)
+        self._retire_finished()
+        return outputs
+
+    def _advance(self, seq: Sequence, tok: int, logits: torch.Tensor, logprob: float,
+                 stats: StepStats) -> tuple[list[int], str] | None:
+        """Append a sampled token (logits [1, V] its row); returns (new ids, new text), or None
+        if the sequence's grammar rejects the token."""
+        if stats.is_prefill and seq.params.max_tokens == 0:  # echo-only scoring request
+            seq.finish("length")
+            return [], ""
+        seq.output_ids.append(tok)
+        seq.cumulative_logprob += logprob
+        if seq.params.logprobs is not None:
+            seq.new_logprobs += token_logprobs(logits, [tok], seq.params.logprobs)
+        if not stats.is_prefill:
+            seq.num_decode_steps += 1
+            seq.experts_executed_sum += stats.mean_executed
+            seq.experts_routed_sum += stats.mean_routed
+        if seq.grammar is not None and not seq.grammar.accept(tok):
+            return None
+        reason = self._finish_reason(seq, tok)
+        delta = seq.detokenizer.update(seq.output_ids, final=reason is not None,
+                                       check_stop=len(seq.output_ids) >= seq.params.min_tokens)
+        if seq.detokenizer.stopped:
+            reason = "stop"
+        if reason is not None:
+            seq.finish(reason)
+        return [tok], delta
+
+    def _retire_finished(self) -> None:
         finished = [b for b, s in enumerate(self.scheduler.running) if s.is_finished]
         if finished:
             self.runner.release(finished)
             self.scheduler.retire([self.scheduler.running[b] for b in finished])
-        return outputs
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
-        if tok in self.eos_ids and not seq.params.ignore_eos:
+        if seq.grammar is not None and seq.grammar.is_terminated:
+            return "stop"
+        if (tok in self.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
             return "stop"
         if len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _output(self, seq: Sequence, new_ids: list[int], text: str, error: str | None = None):
-        executed, routed = seq.mean_experts()
-        logprobs, seq.new_logprobs = (seq.new_logprobs if seq.params.logprobs is not None else None), []
-        prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
-        return RequestOutput(
-            request_id=seq.request_id, token_ids=new_ids, text=text, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, finished=seq.is_finished,
-            finish_reason=seq.finish_reason, num_prompt_tokens=len(seq.prompt_ids),
-            num_output_tokens=len(seq.output_ids), budget=min(seq.budget, self.num_experts),
-            experts_per_layer=executed, experts_per_layer_routed=routed, error=error)
-
     # ---- offline use -------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], params, budget: int | None = None):
-        """Run prompts to completion; returns {request_id: (token ids, text, last output)} in order."""
+        """Run prompts to completion; returns [(token ids, text, last output)] in prompt order
+        (choice 0 of each; see generate_choices for all n)."""
+        return [choices[0] for choices in self.generate_choices(prompts, params, budget)]
+
+    def generate_choices(self, prompts: list[str | list[int]], params, budget=None):
+        """Run prompts to completion; returns, per prompt, its n choices [(token ids, text, last
+        output)] by choice index."""
         rids = [self.add_request(p, params, budget) for p in prompts]
-        results = {rid: ([], []) for rid in rids}
-        last = {}
+        results = {(rid, i): ([], [], None) for rid in rids for i in range(params.n)}
         while self.has_unfinished():
             for out in self.step():
-                results[out.request_id][0].extend(out.token_ids)
-                results[out.request_id][1].append(out.text)
-                last[out.request_id] = out
-        return [(results[r][0], "".join(results[r][1]), last[r]) for r in rids]
+                ids, texts, _ = results[(out.request_id, out.index)]
+                results[(out.request_id, out.index)] = (ids + out.token_ids, texts + [out.text], out)
+        return [[(results[(r, i)][0], "".join(results[(r, i)][1]), results[(r, i)][2])
+                 for i in range(params.n)] for r in rids]

@@ -8,10 +8,9 @@ import torch
 from transformers import DynamicCache
 
 from ..core import Predictor, SelectionConfig
+from ..hf import MoEPatch, decode_step, load_model, resolve_device, resolve_dtype
 from .config import EngineConfig
 from .kv_cache import BatchKVCache
-from .loader import load_model, resolve_device, resolve_dtype
-from .moe_hook import MoEPatch, decode_step
 from .sampler import token_logprobs
 from .sequence import Sequence
 from .stats import StepStats
@@ -43,7 +42,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         if is_prefill:
             logits = self.prefill(seqs)
-            stats = StepStats(True, len(seqs), sum(len(s.prompt_ids) for s in seqs),
+            stats = StepStats(True, len(seqs), sum(len(s.prompt_ids) for s in seqs if s is s.group[0]),
                               time.perf_counter() - t0)
             return logits, stats
         logits, step = self.decode(seqs)
@@ -51,24 +50,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Dense forward of the new prompts, left-padded; their KV rows join the batch cache."""
-        L = max(len(s.prompt_ids) for s in seqs)
-        pads = [L - len(s.prompt_ids) for s in seqs]
-        ids = torch.tensor([[self.pad_id] * p + s.prompt_ids for p, s in zip(pads, seqs)],
+        """Dense forward of the new prompts, left-padded, each once (a request's n choices share
+        it); their KV rows join the batch cache, one per sequence. Returns logits [len(seqs), V]."""
+        firsts = [s for s in seqs if s is s.group[0]]
+        L = max(len(s.prompt_ids) for s in firsts)
+        pads = [L - len(s.prompt_ids) for s in firsts]
+        ids = torch.tensor([[self.pad_id] * p + s.prompt_ids for p, s in zip(pads, firsts)],
                            device=self.device)  # [b, L]
         mask = (torch.arange(L, device=self.device)[None, :]
                 >= torch.tensor(pads, device=self.device)[:, None]).long()  # [b, L]
         pos = (mask.cumsum(-1) - 1).clamp_min(0)  # [b, L]
-        want_prompt = [s for s in seqs if s.params.prompt_logprobs is not None]
+        want_prompt = any(s.params.prompt_logprobs is not None for s in firsts)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                          past_key_values=DynamicCache(), use_cache=True,
                          logits_to_keep=0 if want_prompt else 1)
-        for b, seq in enumerate(seqs):
-            if seq.params.prompt_logprobs is not None:
-                seq.prompt_logprobs = [None] + token_logprobs(
-                    out.logits[b, pads[b]:L - 1], seq.prompt_ids[1:], seq.params.prompt_logprobs)
-        self.kv.merge(out.past_key_values, pads)
-        return out.logits[:, -1]  # [b, V]
+        for b, first in enumerate(firsts):
+            if first.params.prompt_logprobs is not None:
+                lps = [None] + token_logprobs(out.logits[b, pads[b]:L - 1], first.prompt_ids[1:],
+                                              first.params.prompt_logprobs)
+                for seq in first.group:
+                    seq.prompt_logprobs = lps
+        row_of = {id(s): b for b, s in enumerate(firsts)}
+        rows = [row_of[id(s.group[0])] for s in seqs]  # [len(seqs)] prefilled row of each sequence
+        self.kv.merge(out.past_key_values, pads, rows)
+        return out.logits[rows, -1]  # [len(seqs), V]
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Any
 
 import torch
 
+from ..protocol import SamplingParams, TokenLogprob
 from .detokenizer import Detokenizer
-from .sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):
@@ -18,40 +19,20 @@ class SequenceStatus(Enum):
     FINISHED = auto()
 
 
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: dict[int, float]  # alternative token id -> logprob (includes the top ones, best first)
-
-
-@dataclass
-class RequestOutput:
-    """What one engine step produced for one request (deltas since the previous output)."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprob] | None
-    prompt_logprobs: list[TokenLogprob | None] | None  # once, with the first output; [0] is None
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
-    num_prompt_tokens: int
-    num_output_tokens: int
-    budget: int
-    experts_per_layer: float | None  # mean distinct experts executed per MoE layer, decode steps
-    experts_per_layer_routed: float | None  # the same without selection (the dense union)
-    error: str | None = None
-
-
-@dataclass
+@dataclass(eq=False)
 class Sequence:
+    """One choice of a request: a request with n (or best_of) choices has that many Sequences,
+    in one `group` (the same list object in each), prefilled once and decoded as separate rows."""
+
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     budget: int  # experts per MoE layer per decode step; >= E means dense
     detokenizer: Detokenizer
     generator: torch.Generator | None = None
+    index: int = 0  # choice index within the request
+    group: list[Sequence] = field(default_factory=list, repr=False)  # every choice of the request, by index
+    grammar: Any = None  # engine.grammar.Grammar (constrained decoding) or None
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
@@ -60,7 +41,14 @@ class Sequence:
     num_decode_steps: int = 0
     experts_executed_sum: float = 0.0  # sum over decode steps of mean-over-layers experts executed
     experts_routed_sum: float = 0.0
+    cumulative_logprob: float = 0.0  # model logprobs of the output tokens, summed
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)  # best_of > n: all of them
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None  # when its prefill began
+
+    def __post_init__(self):
+        if self not in self.group:  # identity (eq=False): the first choice starts the group
+            self.group.append(self)
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +61,10 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def is_group_finished(self) -> bool:
+        return all(s.is_finished for s in self.group)
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

@@ -30,6 +30,7 @@ class StepStats:
 @dataclass
 class EngineStats:
     num_moe_layers: int
+    num_experts: int | None = None  # E: batch budgets run 1..E (E = dense)
     history: int = 4096
     num_prefill_steps: int = 0
     num_decode_steps: int = 0

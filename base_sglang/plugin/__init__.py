@@ -15,6 +15,8 @@ The hooks, in the order a request meets them (details in plugin/hooks.py):
   ForwardBatch.init_new               AFTER   per-token budgets of a decode batch
   ModelRunner._forward_raw            AROUND  fill the buffer (padding -1), open the decode gate
   TopK.forward_cuda/native/cpu        AFTER   select experts (Triton kernels or the torch core)
+Supported: SGLang 0.5.17 through 0.5.23 (every target above exists in both with the same
+signature; what else differs, and how the hooks tell, is in plugin/compat.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ TARGETS = (  # (target, hook, hook type name)
     (f"{_SRT}.layers.moe.topk.TopK.forward_cuda", hooks.after_topk, "AFTER"),
     (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.after_topk, "AFTER"),
     (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.after_topk, "AFTER"),
+    (f"{_SRT}.layers.moe.moe_runner.triton_utils.fused_moe.fused_experts_impl",
+     hooks.before_fused_experts, "BEFORE"),
 )
 
 

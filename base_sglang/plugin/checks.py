@@ -50,12 +50,9 @@ def check_model_runners(model, device: str) -> None:
     """After load: every bound MoE runner of a CUDA model must be Triton (auto may pick others)."""
     if device != "cuda":
         return
-    from sglang.srt.layers.moe.topk import TopK
+    from .compat import moe_runner_backends
 
-    for name, module in model.named_modules():
-        if not isinstance(module, TopK):
-            continue
-        backend = module.topk_config.runner_backend
+    for name, backend in moe_runner_backends(model):
         if backend is not None and not backend.is_triton():
             raise UnsupportedConfig(
                 f"BASE needs the Triton MoE runner, but {name} runs on {backend!s}; "

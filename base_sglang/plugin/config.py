@@ -1,7 +1,8 @@
 """Plugin settings, read from BASE_* environment variables (SGLang's subprocesses inherit them).
 
     BASE_PREDICTOR       predictor file; BASE is on only when this is set (otherwise the hooks pass through)
-    BASE_POLICY          selection policy in decode steps (default: base)
+    BASE_POLICY          selection policy in decode steps (default: core.DEFAULT_POLICY, base_plus;
+                         "base" is the paper's BASE)
     BASE_DEFAULT_BUDGET  budget of requests that set none: an integer or "dense" (default: dense)
     BASE_KERNELS         "auto" (Triton kernels on CUDA when importable) or "off" (torch core)
     BASE_STATS_INTERVAL  log mean experts executed per MoE layer every N decode steps (0: never)
@@ -13,16 +14,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from base_sglang.core import SelectionConfig
+from base_sglang.core import DEFAULT_POLICY, SelectionConfig
 
-from .budget import DENSE, parse_budget
+from ..core.budget import DENSE_LABEL, parse_budget
 
 
 @dataclass(frozen=True)
 class PluginConfig:
     predictor: str | None = None
-    policy: str = "base"
-    default_budget: int = DENSE
+    policy: str = DEFAULT_POLICY
+    default_budget: int | str = DENSE_LABEL  # resolved against E when the predictor loads
     kernels: bool = True
     stats_interval: int = 200
 
@@ -45,7 +46,7 @@ class PluginConfig:
         if not interval.isdigit():
             raise ValueError(f"BASE_STATS_INTERVAL: must be an integer >= 0, got {interval!r}")
         return cls(predictor=env.get("BASE_PREDICTOR") or None,
-                   policy=env.get("BASE_POLICY", "base").strip() or "base",
+                   policy=env.get("BASE_POLICY", "").strip() or DEFAULT_POLICY,
                    default_budget=parse_budget(env.get("BASE_DEFAULT_BUDGET", "dense"),
                                                "BASE_DEFAULT_BUDGET"),
                    kernels=kernels not in ("off", "0"), stats_interval=int(interval))

@@ -1,11 +1,14 @@
 """The hook functions `register()` installs (HookRegistry signatures: see plugin/__init__.py).
 
-Processes: `before_generate_request` and `after_server_args` run in the main (HTTP/tokenizer)
-process; the others in each scheduler (= TP worker) process, which owns the model and graphs.
+Processes: `before_check_server_args` and `before_generate_request` (the budget edge: every budget
+is resolved there, once, to an int 1..E) run in the main (HTTP/tokenizer) process; the others in
+each scheduler (= TP worker) process, which owns the model and graphs and reads those ints.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 
 import torch
@@ -16,6 +19,7 @@ from base_sglang.core.predictor import describe_model_config
 from . import state
 from .budget import BUDGET_HEADER, apply_header, token_budgets
 from .checks import UnsupportedConfig, check_model_runners, check_server_args
+from .compat import is_draft_topk, shared_topk_columns
 
 log = logging.getLogger("base_sglang.plugin")
 
@@ -41,9 +45,22 @@ def before_generate_request(manager, obj, request=None, *args, **kwargs):
     return None
 
 
-def _num_experts(manager) -> int | None:
+def _num_experts(manager) -> int:
+    """E of the served model: its config, else the predictor file's metadata (the same E: the
+    predictor is checked against the model when it loads)."""
     cfg = getattr(getattr(manager, "model_config", None), "hf_text_config", None)
-    return describe_model_config(cfg)["num_experts"] if cfg is not None else None
+    num = describe_model_config(cfg)["num_experts"] if cfg is not None else None
+    return int(num) if num else _predictor_experts(state.STATE.config.predictor)
+
+
+@functools.cache
+def _predictor_experts(path: str) -> int:
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return int(json.loads(f.metadata()["base_sglang"])["num_experts"])
 
 
 # ---- scheduler process: startup -----------------------------------------------------------------
@@ -99,7 +116,8 @@ def after_forward_batch_init(forward_batch, cls, batch, model_runner, *args, **k
     """ForwardBatch.init_new AFTER: attach the decode rows' budgets (a host list) to the batch."""
     if (state.STATE.enabled and not model_runner.is_draft_worker
             and forward_batch.forward_mode.is_decode()):
-        forward_batch.base_budgets = token_budgets(batch.reqs, state.STATE.config.default_budget)
+        st = state.STATE
+        forward_batch.base_budgets = token_budgets(batch.reqs, st.default_budget, st.num_experts)
     return None
 
 
@@ -110,7 +128,7 @@ def around_forward_raw(original, runner, forward_batch, *args, **kwargs):
         return original(runner, forward_batch, *args, **kwargs)
     budgets = getattr(forward_batch, "base_budgets", None)
     if budgets is None:  # built without init_new: default budgets, never stale graph inputs
-        budgets = [st.config.default_budget] * forward_batch.batch_size
+        budgets = [st.default_budget] * forward_batch.batch_size
     if st.budget is None:  # no init_cuda_graphs call in this runner: eager decode only
         st.ensure_buffer(max(runner.max_running_requests or 1, len(budgets)), runner.device)
     with st.decode_step(budgets):
@@ -122,21 +140,47 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     st = state.STATE
-    if not st.active or topk.is_draft or type(out) is not StandardTopKOutput:
+    if not st.active or is_draft_topk(topk) or type(out) is not StandardTopKOutput:
         return None
     layer = topk.layer_id
     slot = st.predictor._slot.get(layer)
     if slot is None:
         return None
     n = hidden_states.shape[0]
-    k = topk.topk_config.top_k - topk.topk_config.num_shared_topk_slots  # routed columns
+    k = topk.topk_config.top_k - shared_topk_columns(topk.topk_config)  # routed columns
     ids, w = out.topk_ids[:, :k], out.topk_weights[:, :k]  # [T, K]
     sel = st.select(router_logits, ids, w, hidden_states, st.budget[:n], layer,
                     st.selection, st.predictor, norm_topk_prob=topk.topk_config.renormalize)
     st.record(slot, sel.stats.num_union, sel.stats.num_kept)
+    if st.sel_trace is not None:  # BASE_SELECTION_TRACE (TP agreement checks)
+        st.sel_trace.keep(slot, sel.ids, sel.weights)
     new_ids, new_w = sel.ids, sel.weights
     if k < out.topk_ids.shape[1]:  # fused shared-expert slots stay as they are
         new_ids = torch.cat([new_ids, out.topk_ids[:, k:]], dim=1)  # [T, K + shared]
         new_w = torch.cat([new_w, out.topk_weights[:, k:]], dim=1)
     return out._replace(topk_ids=new_ids, topk_weights=new_w)
 
+
+
+def before_fused_experts(*args, **kwargs):
+    """fused_experts_impl BEFORE: in BASE decode steps the Triton MoE must skip -1 slots.
+
+    SGLang 0.5.17 skips a -1 block only with filter_expert=True, which it passes only under expert
+    parallelism (num_experts != num_local_experts); without it the GEMM reads the weights of expert
+    -1 (an illegal address, seen on the H200). 0.5.23 always skips them. So while BASE is active
+    the flag is forced on; outside BASE's decode steps the call is left as SGLang made it.
+    """
+    if not state.STATE.active:
+        return None
+    bound = _fused_experts_signature().bind(*args, **kwargs)
+    if bound.arguments.get("filter_expert", False):
+        return None
+    bound.arguments["filter_expert"] = True
+    return bound.args, bound.kwargs
+
+
+@functools.cache
+def _fused_experts_signature() -> inspect.Signature:
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    return inspect.signature(fused_moe.fused_experts_impl)  # follows the hook's __wrapped__

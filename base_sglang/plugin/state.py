@@ -11,16 +11,20 @@ Shape legend: N buffer rows (>= any decode batch, incl. graph padding), L MoE la
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from base_sglang.core import Predictor, SelectionConfig, select_experts
+from base_sglang.core import DEFAULT_POLICY, Predictor, SelectionConfig, select_experts
+from base_sglang.core.budget import resolve_budget
 
 from .config import PluginConfig
+from .selection_trace import SelectionTrace
 
 log = logging.getLogger("base_sglang.plugin")
 
@@ -30,14 +34,17 @@ class PluginState:
     config: PluginConfig = field(default_factory=PluginConfig)
     config_error: str | None = None  # a bad BASE_* variable, raised at startup by the hooks
     predictor: Predictor | None = None  # on the model's device; None = BASE off in this process
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    selection: SelectionConfig = field(default_factory=lambda: SelectionConfig(policy=DEFAULT_POLICY))
     num_experts: int = 0
+    default_budget: int = 0  # budget of requests that set none, 1..E (E = dense)
     select: Callable = select_experts  # core, or base_sglang.kernels.base_select_experts
     budget: torch.Tensor | None = None  # [N] int32 on the model's device, -1 = padded row
     active: bool = False  # inside a target-model decode forward (or decode-graph capture)
     num_kept: torch.Tensor | None = None  # [L] int64 distinct experts executed, summed over steps
     num_union: torch.Tensor | None = None  # [L] int64 distinct experts routed, summed over steps
     num_steps: int = 0  # decode forwards since the last stats line
+    trace_path: str | None = None  # BASE_STEP_TRACE: one JSON line per decode step (checks only)
+    sel_trace: SelectionTrace | None = None  # BASE_SELECTION_TRACE: per-rank digests (TP checks)
 
     @property
     def enabled(self) -> bool:
@@ -48,10 +55,14 @@ class PluginState:
         self.predictor = predictor.to(device)
         self.selection = SelectionConfig(policy=config.policy)
         self.num_experts = predictor.meta.num_experts
+        self.default_budget = resolve_budget(config.default_budget, "BASE_DEFAULT_BUDGET",
+                                             self.num_experts)
         self.select = _select_fn(config, device)
         num_layers = len(predictor.meta.moe_layers)
         self.num_kept = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.num_union = torch.zeros(num_layers, dtype=torch.int64, device=device)
+        self.trace_path = os.environ.get("BASE_STEP_TRACE") or None
+        self.sel_trace = SelectionTrace.from_env(num_layers)
 
     def ensure_buffer(self, rows: int, device: torch.device | str) -> None:
         """Allocate (or grow, before capture only) the budget buffer to at least `rows` rows."""
@@ -74,13 +85,31 @@ class PluginState:
         """Run one target-model decode forward under BASE with these per-token budgets."""
         ok = self.enabled and self.fill(budgets)
         self.active = ok
+        if ok and self.sel_trace is not None:
+            self.sel_trace.begin_step()
         try:
             yield ok
         finally:
             self.active = False
         if ok:
             self.num_steps += 1
+            if self.sel_trace is not None:
+                self.sel_trace.end_step(budgets)
+            if self.trace_path:
+                self.trace_step(budgets)
             self.maybe_log_stats()
+
+    def trace_step(self, budgets: list[int]) -> None:
+        """Append this step's per-layer counts to BASE_STEP_TRACE, then restart the counters.
+
+        A host sync per step: for checks (benchmarks/gpu/check_proxy_sglang.py), not serving."""
+        rec = {"rows": len(budgets), "max_budget": max(budgets, default=0),
+               "kept": self.num_kept.tolist(), "union": self.num_union.tolist()}  # [L] each
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.num_kept.zero_()
+        self.num_union.zero_()
+        self.num_steps = 0
 
     @contextmanager
     def capture(self):

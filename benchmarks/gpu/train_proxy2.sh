@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Train the second proxy MoE in one device call (<= 10 minutes): Qwen3-MoE, hidden 256, 6 layers,
 # 32 experts, top-4, expert intermediate 128, norm_topk_prob FALSE (config E32K4 of
-# calibration/proxy/train.py; proxy_model.md section 0 measured this config at 2.26M tokens/s).
+# research/proxy/train.py; proxy_model.md section 0 measured this config at 2.26M tokens/s).
 #
 # Run from the repository root on the CUDA machine, carrying the pre-tokenized corpus (built on a
 # CPU machine, ~38 MB; the shipped proxy weights are NOT needed and may stay home):
-#     python -m base_sglang.calibration.proxy.build_corpus --work .corpus
-#     python -m base_sglang.calibration.proxy.train_tokenizer --work .corpus --tokenizer base_sglang/models/proxy-moe
+#     python -m research.proxy.build_corpus --work .corpus
+#     python -m research.proxy.train_tokenizer --work .corpus --tokenizer base_sglang/models/proxy-moe
 #     carry: .corpus/train.u16.xz .corpus/val.u16 .corpus/index.json .corpus/tokenizer
 #     bash benchmarks/gpu/train_proxy2.sh            # writes under $OUT (default /tmp/proxy2_out)
 #
@@ -41,7 +41,7 @@ else
     ln -s "$PWD/server" "$SHIM/base_sglang/server"
     export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 fi
-python3 -c "import base_sglang.calibration.proxy.train as t; print('train.py from', t.__file__)"
+python3 -c "import research.proxy.train as t; print('train.py from', t.__file__)"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 rm -rf /tmp/proxy2-moe
@@ -49,7 +49,7 @@ LEFT=$((590 - (SECONDS - T0)))         # the whole call stays under 10 minutes
 if [ "$DEADLINE" -gt $((LEFT - 20)) ]; then DEADLINE=$((LEFT - 20)); fi
 echo "training: budget $BUDGET s, deadline $DEADLINE s, hard limit $LEFT s"
 set +e
-timeout "$LEFT" python3 -m base_sglang.calibration.proxy.train --data .corpus --config E32K4 \
+timeout "$LEFT" python3 -m research.proxy.train --data .corpus --config E32K4 \
     --out /tmp/proxy2-moe --budget "$BUDGET" --deadline "$DEADLINE" --pack-to "$OUT" \
     ${PROXY2_ARGS:-} 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}

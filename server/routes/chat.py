@@ -1,34 +1,20 @@
-"""POST /v1/chat/completions: the tokenizer's chat template, SSE chunks ending in [DONE]."""
+"""POST /v1/chat/completions: the tokenizer's chat template, n choices, tools, SSE chunks ending
+in [DONE]."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.server.deps import (
-    BUDGET_HEADER,
-    budget_label,
-    check_model,
-    require_api_key,
-    resolve_budget,
-)
+from base_sglang.core.budget import BUDGET_HEADER
+from base_sglang.server import serving
+from base_sglang.server.deps import require_api_key
 from base_sglang.server.errors import APIError
-from base_sglang.server.generation import (
-    Result,
-    collect,
-    engine_error_event,
-    new_id,
-    raise_if_failed,
-    record,
-    sampling_params,
-    sse,
-    sse_stream,
-    submit,
-    usage,
-)
+from base_sglang.server.routes import BUDGET_HEADER_SCHEMA, ERROR_RESPONSES, budget_header_doc
 from base_sglang.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -41,86 +27,119 @@ from base_sglang.server.schemas import (
     ChatTokenLogprob,
     TopLogprob,
     Usage,
+    stream_schema,
 )
+from base_sglang.server.tool_calling import ToolSetup, openai_calls
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-ENDPOINT = "chat"
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request):
-    started = time.monotonic()
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={
+    200: {"content": stream_schema(ChatCompletionChunk)}, **ERROR_RESPONSES})
+async def create_chat_completion(
+        body: ChatCompletionRequest, request: Request,
+        x_expert_budget: Annotated[str, Header(
+            alias=BUDGET_HEADER, description=budget_header_doc,
+            json_schema_extra=BUDGET_HEADER_SCHEMA)] = None):
     backend = request.app.state.backend
-    check_model(request, body.model)
-    budget = resolve_budget(request, body.expert_budget)
-    prompt_ids = _render(body, backend.tokenizer)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if max_tokens is None:
-        max_tokens = max(1, backend.max_model_len - len(prompt_ids))
-    top = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, top, None)
-    rid = new_id("chatcmpl")
-    headers = {BUDGET_HEADER: str(budget_label(budget, backend.num_experts))}
-    [stream] = submit(backend, [prompt_ids], params, budget, rid)
+    tools = ToolSetup.create(body, request.app.state.supports_tools)
+
+    async def prompts():
+        text = await asyncio.to_thread(render, body.messages, backend.tokenizer, tools.tools)
+        return [await serving.encode(request, text, "messages", add_special_tokens=False)]
+
+    def params(ids):
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, backend.max_model_len - len(ids[0]))
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        return serving.sampling_params(body, max_tokens, top, None, tools.constraint(body))
+
+    job = await serving.start(request, body, "chat", prompts, params, rename=tools.rename)
     if body.stream:
-        return StreamingResponse(sse_stream(_events(request, body, backend, rid, stream, budget,
-                                                    started)),
-                                 media_type="text/event-stream", headers=headers)
-    [res] = await collect(request, [stream])
-    record(request, ENDPOINT, 200, [res], budget, started)
-    raise_if_failed(res.last)
-    choice = ChatChoice(index=0, message=ChatResponseMessage(content=res.text),
-                        logprobs=_logprobs(backend.tokenizer, res.logprobs) if body.logprobs else None,
-                        finish_reason=res.last.finish_reason)
-    resp = ChatCompletionResponse(id=rid, created=int(time.time()), model=backend.name,
-                                  choices=[choice],
-                                  usage=Usage(**usage([res], budget, backend.num_experts)))
-    return JSONResponse(resp.model_dump(), headers=headers)
+        request.app.state.metrics.observe_response("chat", 200)
+        return StreamingResponse(serving.sse_frames(job, _events(job, body, tools)),
+                                 media_type="text/event-stream", headers=job.headers)
+    results = await serving.collect(job)
+    request.app.state.metrics.observe_response("chat", 200)
+    choices = []
+    for i, res in enumerate(results):
+        content, calls = tools.parse(res.text)
+        lps = _logprobs(backend.tokenizer, res.logprobs) if body.logprobs else None
+        choices.append(ChatChoice(
+            index=i, message=ChatResponseMessage(content=content, tool_calls=openai_calls(calls)),
+            logprobs=lps, finish_reason=tools.finish_reason(res.last.finish_reason, calls)))
+    resp = ChatCompletionResponse(id=job.rid, created=job.created, model=backend.name,
+                                  choices=choices, usage=Usage(**job.usage()))
+    return JSONResponse(resp.model_dump(), headers=job.headers)
 
 
-async def _events(request, body, backend, rid, stream, budget, started):
-    created = int(time.time())
+async def _events(job: serving.Job, body: ChatCompletionRequest, tools: ToolSetup):
+    name, tok = job.backend.name, job.backend.tokenizer
 
-    def chunk(delta: ChatDelta, finish=None, logprobs=None, use=None) -> str:
-        choice = ChatChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=finish)
-        body = ChatCompletionChunk(id=rid, created=created, model=backend.name, choices=[choice],
-                                   usage=use).model_dump()
-        body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits role
-        return sse(json.dumps(body))
+    def chunk(i: int, delta: ChatDelta, finish=None, logprobs=None) -> str:
+        choice = ChatChunkChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=finish)
+        out = ChatCompletionChunk(id=job.rid, created=job.created, model=name,
+                                  choices=[choice]).model_dump(exclude={"usage"})
+        out["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits role
+        return serving.sse(json.dumps(out))
 
-    yield chunk(ChatDelta(role="assistant", content=""))
-    res = Result()
-    async for out in stream:
-        res.add(out)
+    for i in range(len(job.results)):  # each choice opens with its role, as OpenAI's do
+        yield chunk(i, ChatDelta(role="assistant", content=""))
+    parsers = [tools.stream() for _ in job.results]
+    called = [False] * len(job.results)
+    async for i, out in serving.merged(job):
         if out.error is not None:
-            yield engine_error_event(out.error)
+            yield serving.failure_event(job, out)
             break
-        lps = _logprobs(backend.tokenizer, out.logprobs or []) if body.logprobs else None
-        use = Usage(**usage([res], budget, backend.num_experts)) if out.finished else None
-        if out.text or lps or out.finished:
-            yield chunk(ChatDelta(content=out.text), out.finish_reason if out.finished else None,
-                        lps, use)
-    record(request, ENDPOINT, 200, [res], budget, started)
+        lps = _logprobs(tok, out.logprobs or []) if body.logprobs else None
+        finished = out.finished and out.finish_reason != "abort"
+        content, calls = parsers[i].feed(out.text, out.finished)
+        called[i] |= bool(calls)
+        reason = tools.finish_reason(out.finish_reason, [True] if called[i] else []) \
+            if finished else None
+        if content or lps or reason or calls:
+            yield chunk(i, ChatDelta(content=(content or None) if calls else content,
+                                     tool_calls=calls or None), reason, lps)
     if body.stream_options is not None and body.stream_options.include_usage:
-        yield sse(ChatCompletionChunk(id=rid, created=created, model=backend.name, choices=[],
-                                      usage=Usage(**usage([res], budget, backend.num_experts))))
+        yield serving.sse(ChatCompletionChunk(id=job.rid, created=job.created, model=name,
+                                              choices=[], usage=Usage(**job.usage())))
 
 
-def _render(body: ChatCompletionRequest, tokenizer) -> list[int]:
+def render(chat: list, tokenizer, tools: list[dict], add_generation_prompt: bool = True) -> str:
+    """The chat template's prompt text for a request's messages (and tools)."""
     messages = []
-    for i, m in enumerate(body.messages):
+    for i, m in enumerate(chat):
         content = m.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
                 raise APIError(400, f"messages.{i}.content: only text parts are supported",
                                param=f"messages.{i}.content")
             content = "".join(p.text or "" for p in content)
-        messages.append({"role": m.role, "content": content or ""})
+        msg = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:  # templates index arguments as a mapping (vLLM hands them one too)
+            msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in m.tool_calls]
+        messages.append(msg)
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(400, "messages: this model's tokenizer has no chat template; "
                             "use /v1/completions", param="messages")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+    kwargs = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False, **kwargs)
+
+
+def _arguments(text: str):
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def _logprobs(tokenizer, lps) -> ChatLogprobs:

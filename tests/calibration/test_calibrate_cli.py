@@ -6,13 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from base_sglang.calibration.__main__ import main
+from base_sglang.calibration.calibrate import main
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
 from base_sglang.calibration.fit import NEVER
 from base_sglang.calibration.pipeline import calibrate
 from base_sglang.core import Predictor, PredictorMismatch
-from base_sglang.engine.moe_hook import find_moe_blocks
+from base_sglang.hf import find_moe_blocks
 
 FAST = ["--num-seqs", "16", "--seq-len", "24", "--batch-size", "8", "--heldout-every", "4",
         "--stat-batch", "4", "--sere-tokens", "64", "--quiet"]

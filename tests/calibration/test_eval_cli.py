@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from base_sglang.calibration.__main__ import main as calibrate_main
+from base_sglang.calibration.calibrate import main as calibrate_main
 from base_sglang.calibration.eval import main
 
 SMALL = ["--batch-size", "4", "--num-batches", "1", "--prefix", "8", "--steps", "4", "--quiet"]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from base_sglang.calibration.collect import LayerStats, routed_outputs
+from base_sglang.calibration.collect import LayerStats
 from base_sglang.calibration.fit import (
     NEVER,
     HeldoutStats,
@@ -17,6 +17,7 @@ from base_sglang.calibration.fit import (
     sere_similarity,
     spearman,
 )
+from base_sglang.hf.blocks import routed_outputs
 
 
 def exp_experts(a: torch.Tensor, dirs: torch.Tensor):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from base_sglang.core import Predictor, PredictorMeta
+from base_sglang.core import Predictor
+from base_sglang.testing.predictors import random_predictor
 
 
 def make_routing(T: int, E: int, K: int, *, norm_topk: bool = True, skew: float = 1.0,
@@ -20,25 +21,8 @@ def make_routing(T: int, E: int, K: int, *, norm_topk: bool = True, skew: float 
 
 
 def make_predictor(E: int, H: int, K: int, layers=(0,), seed: int = 0, with_stats: bool = True):
-    g = torch.Generator().manual_seed(seed)
-    n = len(layers)
-    meta = PredictorMeta(architecture="Qwen3MoeForCausalLM", model_id="test", num_layers=max(layers) + 1,
-                         moe_layers=list(layers), hidden_size=H, num_experts=E, top_k=K)
-    kw = {}
-    if with_stats:
-        sim = torch.rand(n, E, E, generator=g)
-        sim = (sim + sim.transpose(1, 2)) / 2
-        sim[:, torch.arange(E), torch.arange(E)] = 1.0
-        loss = torch.rand(n, E, E, generator=g)
-        loss[:, torch.arange(E), torch.arange(E)] = 1e30
-        coef = torch.rand(n, E, E, generator=g) * 2 - 0.5
-        coef[:, torch.arange(E), torch.arange(E)] = 1.0
-        freq = torch.rand(n, E, generator=g)
-        kw = dict(expert_freq=freq / freq.sum(-1, keepdim=True),
-                  expert_norm=torch.rand(n, E, generator=g) + 0.5,
-                  sere_sim=sim, exfold_coef=coef, exfold_loss=loss)
-    return Predictor(meta=meta, weight=torch.randn(n, E, H, generator=g) * 0.3,
-                     bias=torch.randn(n, E, generator=g) * 0.3, **kw)
+    return random_predictor(E, H, K, layers, seed=seed, scale=0.3, bias_scale=0.3,
+                            stats=with_stats, model_id="test")
 
 
 def base_scores_ref(pred: Predictor, layer: int, hidden, ids, w, real):

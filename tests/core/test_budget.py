@@ -1,23 +1,33 @@
-"""The one budget parser behind the server's header/body and the SGLang plugin."""
+"""The one budget contract: parse the syntax, resolve once against E and the server's range."""
 
 import pytest
 
-from base_sglang.core.budget import DENSE, parse_budget
+from base_sglang.core.budget import DENSE_LABEL, budget_label, parse_budget, resolve_budget
 
 
-@pytest.mark.parametrize("value,want", [(1, 1), ("8", 8), (" +12 ", 12), ("dense", DENSE),
-                                        ("DENSE", DENSE), (64, 64)])
-def test_valid_budgets(value, want):
-    assert parse_budget(value, "expert_budget", num_experts=64) == want
+@pytest.mark.parametrize("value,want", [(1, 1), ("8", 8), (" +12 ", 12), ("dense", 64),
+                                        ("DENSE", 64), (64, 64), (4.0, 4)])
+def test_valid_budgets_resolve_to_1_to_E(value, want):
+    assert resolve_budget(value, "expert_budget", num_experts=64) == want
+    assert budget_label(want, 64) == (DENSE_LABEL if want == 64 else want)
 
 
-@pytest.mark.parametrize("value", [0, -3, "0", "lots", 2.5, True, None, "", [4]])
+@pytest.mark.parametrize("value", [0, -3, "0", "lots", 2.5, True, None, "", [4], float("nan")])
 def test_invalid_budgets_name_the_field(value):
     with pytest.raises(ValueError, match="^X-Expert-Budget: must be an integer"):
         parse_budget(value, "X-Expert-Budget")
+    with pytest.raises(ValueError, match="^X-Expert-Budget: must be an integer"):
+        resolve_budget(value, "X-Expert-Budget", 64)
 
 
-def test_budget_above_the_expert_count_is_refused_when_known():
-    assert parse_budget(65, "expert_budget") == 65  # E unknown: select_experts treats >= E as dense
+def test_the_syntax_alone_does_not_know_E():
+    assert parse_budget(65, "expert_budget") == 65 and parse_budget("Dense", "x") == DENSE_LABEL
     with pytest.raises(ValueError, match="expert_budget: 65 exceeds the model's 64 experts"):
-        parse_budget(65, "expert_budget", num_experts=64)
+        resolve_budget(65, "expert_budget", num_experts=64)
+
+
+def test_the_servers_range_applies_and_dense_counts_as_E():
+    assert resolve_budget(3, "b", 64, min_budget=2, max_budget=4) == 3
+    for bad in (1, 5, "dense"):
+        with pytest.raises(ValueError, match=r"^b: .* outside the allowed range \[2, 4\]"):
+            resolve_budget(bad, "b", 64, min_budget=2, max_budget=4)

@@ -5,7 +5,7 @@ import torch
 from core_helpers import make_predictor
 
 from base_sglang.core import SelectionConfig
-from base_sglang.engine.moe_hook import MoEPatch, decode_step
+from base_sglang.hf import MoEPatch, decode_step
 
 E, K, H = 16, 4, 32
 

@@ -26,7 +26,9 @@ from deploy_helpers import (
 PROFILES = {"1gpu": (1, 1), "2gpu": (2, 1), "4gpu": (4, 1), "8gpu": (8, 1),
             "tp2x2": (2, 2), "tp2x4": (4, 2)}
 REQUIRED = ["BASE_MODEL", "BASE_PREDICTOR_FILE", "BASE_PREDICTOR_DIR", "BASE_HF_CACHE",
-            "BASE_DEFAULT_BUDGET", "BASE_MIN_BUDGET", "BASE_MAX_BUDGET", "BASE_API_KEY"]
+            "BASE_DEFAULT_BUDGET", "BASE_MIN_BUDGET", "BASE_MAX_BUDGET", "BASE_API_KEY",
+            "BASE_GRAFANA_ADMIN_PASSWORD"]
+MONITORING = {"prometheus": "http://127.0.0.1:9090/-/ready", "grafana": "http://127.0.0.1:3000/api/health"}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +117,17 @@ def test_env_example_documents_every_variable(env):
     assert 1 <= lo <= default <= hi
 
 
+def test_policy_default_is_the_projects_default(raw, env):
+    """Compose's fallback and the example agree with core.DEFAULT_POLICY (base-serve's default)."""
+    from base_sglang.core import DEFAULT_POLICY
+
+    unset = {k: v for k, v in env.items() if k != "BASE_POLICY"}
+    replica = interpolate(raw, unset)["services"]["replica-0"]["environment"]
+    assert replica["BASE_POLICY"] == DEFAULT_POLICY == env["BASE_POLICY"]
+    assert interpolate(raw, {**env, "BASE_POLICY": "base"})["services"]["replica-0"][
+        "environment"]["BASE_POLICY"] == "base"  # the paper's BASE stays selectable
+
+
 def test_the_real_env_file_is_git_ignored():
     ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/.env"], cwd=COMPOSE.parents[1])
     assert ignored.returncode == 0, "deploy/.env (API key) is not in .gitignore"
@@ -124,6 +137,9 @@ def test_every_service_restarts_and_has_a_healthcheck(raw):
     for name, svc in raw["services"].items():
         assert svc["restart"] == "unless-stopped", name
         test = svc["healthcheck"]["test"]
+        if name in MONITORING:  # third-party images: their own readiness endpoint via wget
+            assert test == ["CMD", "wget", "-q", "--spider", MONITORING[name]], name
+            continue
         assert test[:2] == ["CMD", "base-healthcheck"], name
         if name.startswith("router-"):
             assert test[2:] == ["http://127.0.0.1:30000/readiness"]

@@ -235,10 +235,10 @@ def test_router_rejects_requests_without_the_api_key(echo):
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    from base_sglang.engine.tiny import create_tiny_moe
     from base_sglang.server.app import create_app
     from base_sglang.server.backends import create_backend
     from base_sglang.server.settings import Settings
+    from base_sglang.testing.models import create_tiny_moe
 
     model_dir = create_tiny_moe(tmp_path_factory.mktemp("tiny-moe"))
     settings = Settings(model=str(model_dir), device="cpu", default_budget=str(DEFAULT_BUDGET),

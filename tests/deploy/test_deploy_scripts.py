@@ -85,7 +85,7 @@ def test_requirements_of_the_sglang_extra_expand_self_references():
     extras = project["optional-dependencies"]
     got = requirements.resolve(project, ["sglang"])
     expected = list(project["dependencies"])
-    for extra in ("sglang", "server", "models"):
+    for extra in ("sglang", "server", "models", "grammar"):
         expected += [r for r in extras[extra] if not r.startswith("base-sglang")]
     assert sorted(got) == sorted(set(expected))
     assert len(got) == len(set(got))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from base_sglang.engine import EngineConfig, LLMEngine
-from base_sglang.engine.tiny import create_tiny_moe
+from base_sglang.testing.models import create_tiny_moe
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,7 @@ def test_skip_selection_fast_path_equals_the_selection(tiny_model_dir, rows, bud
     from transformers import AutoModelForCausalLM
 
     from base_sglang.core import Predictor, SelectionConfig
-    from base_sglang.engine.moe_hook import MoEPatch, decode_step
+    from base_sglang.hf import MoEPatch, decode_step
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     MoEPatch(model, SelectionConfig(policy="base"),
@@ -91,3 +91,27 @@ def test_skip_selection_fast_path_equals_the_selection(tiny_model_dir, rows, bud
     for layer, stats in full.stats.items():
         assert [int(x) for x in fast.stats[layer]] == [int(x) for x in stats]
         assert torch.equal(fast.ids[layer], full.ids[layer])
+
+
+def _filter_ref(logits, top_k, top_p):
+    """The full-sort definition: rank < k and mass strictly above the rank < top_p."""
+    V = logits.shape[-1]
+    sorted_logits, order = logits.sort(-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+    drop = torch.arange(V)[None, :] >= k[:, None]
+    probs = torch.softmax(sorted_logits, -1)
+    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits.masked_fill(drop, -float("inf")))
+
+
+def test_filter_equals_the_full_sort_definition():
+    torch.manual_seed(0)
+    logits = torch.randn(7, 300) * 3
+    top_k = torch.tensor([-1, 5, 50, 1, -1, 300, 1000])
+    top_p = torch.tensor([1.0, 1.0, 0.9, 0.5, 0.3, 0.99, 1.0])
+    got, ref = _filter(logits, top_k, top_p)[1:6], _filter_ref(logits, top_k, top_p)[1:6]
+    assert torch.equal(torch.isfinite(got), torch.isfinite(ref))
+    assert torch.equal(got[torch.isfinite(got)], ref[torch.isfinite(ref)])
+    # no filter: the row as is (the full-sort form drops tail tokens where the float cumsum hits 1)
+    full = _filter(logits, top_k, top_p)
+    assert torch.equal(full[0], logits[0]) and torch.equal(full[6], logits[6])

@@ -83,7 +83,13 @@ def test_random_schedule_every_request_finishes_cleanly(proxy):
                                num_requests=220, seed=1234)
     probe_ids = proxy.tokenizer.encode(PROBE_PROMPT)
     served = serve_on_engine(proxy, schedule)
-    assert check_served(served) == []
+    assert check_served(served, proxy.eos_ids) == []
+    extras = [s.request.extra for s in served.values()]
+    for name in ("n", "best_of", "logit_bias", "min_tokens", "stop_token_ids", "schema",
+                 "presence_penalty", "repetition_penalty", "min_p"):
+        assert any(name in e for e in extras), name  # the schedule exercised every control
+    assert any(c.finish_reason == "stop" for s in served.values() if "schema" in s.request.extra
+               for c in s.choices.values())  # and some constrained output ran to its end
     reasons = {s.finish_reason for s in served.values()}
     assert {"stop", "length", "abort"} <= reasons
     steps = proxy.stats.decode_steps()
@@ -182,6 +188,7 @@ def test_nan_logits_in_prefill_fail_only_that_request(proxy, monkeypatch):
 def test_extreme_sampling_settings_stay_finite(proxy):
     for params in (SamplingParams(temperature=1e-7, max_tokens=4, logprobs=20),
                    SamplingParams(temperature=2.0, top_p=1e-9, max_tokens=4, logprobs=3),
+                   SamplingParams(temperature=1.0, top_p=5e-324, max_tokens=4),  # 0 in fp32
                    SamplingParams(temperature=2.0, top_k=1, max_tokens=4)):
         rid = proxy.add_request("x", params, 1)
         while proxy.has_unfinished():

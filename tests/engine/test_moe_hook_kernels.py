@@ -1,16 +1,17 @@
-"""On a GPU: MoEPatch's Triton path (base_select_experts + fused_moe) against the torch path."""
+"""On a GPU: MoEPatch's Triton path (base_select_experts + fused_moe) against the torch path,
+for the paper's BASE and the default base_plus."""
 
 import pytest
 import torch
 
 from base_sglang.core import SelectionConfig
-from base_sglang.engine.moe_hook import MoEPatch, decode_step
+from base_sglang.hf import MoEPatch, decode_step
+from base_sglang.testing.predictors import random_predictor
 
 
 def _model_and_predictor():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from base_sglang.core import Predictor, PredictorMeta
 
     torch.manual_seed(0)
     cfg = Qwen3MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
@@ -18,22 +19,20 @@ def _model_and_predictor():
                          num_key_value_heads=2, head_dim=32, num_experts=32, num_experts_per_tok=4,
                          norm_topk_prob=True)
     model = Qwen3MoeForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
-    g = torch.Generator().manual_seed(1)
-    meta = PredictorMeta("Qwen3MoeForCausalLM", "tiny", 2, [0, 1], 128, 32, 4)
-    pred = Predictor(meta, torch.randn(2, 32, 128, generator=g) * 0.05,
-                     torch.randn(2, 32, generator=g) * 0.1).to("cuda")
+    pred = random_predictor(32, 128, 4, (0, 1), seed=1, scale=0.05, bias_scale=0.1).to("cuda")
     return model, pred
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["base", "base_plus"])
 @torch.inference_mode()
-def test_triton_path_matches_the_torch_path():
+def test_triton_path_matches_the_torch_path(policy):
     model, pred = _model_and_predictor()
     x = torch.randint(0, 256, (24, 1), device="cuda")
     ref_dense = model(x).logits.float()
     results = {}
     for use_kernels in (False, True):
-        patch = MoEPatch(model, SelectionConfig(policy="base"), pred, use_kernels=use_kernels)
+        patch = MoEPatch(model, SelectionConfig(policy=policy), pred, use_kernels=use_kernels)
         assert patch.use_kernels == use_kernels
         try:
             with decode_step(torch.full((24,), 32, device="cuda")):

@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from base_sglang.core import Predictor, PredictorMeta, SelectionConfig, moe_forward_ref
-from base_sglang.engine.moe_hook import MoEPatch, decode_step, find_moe_blocks
+from base_sglang.core import SelectionConfig, moe_forward_ref
+from base_sglang.hf import MoEPatch, decode_step, find_moe_blocks
+from base_sglang.testing.predictors import random_predictor
 
 E, K, H, LAYERS = 16, 4, 32, 3
 
@@ -26,11 +27,7 @@ def model():
 
 
 def predictor():
-    g = torch.Generator().manual_seed(1)
-    meta = PredictorMeta(architecture="qwen3_moe", model_id="t", num_layers=LAYERS,
-                         moe_layers=list(range(LAYERS)), hidden_size=H, num_experts=E, top_k=K)
-    return Predictor(meta, 0.1 * torch.randn(LAYERS, E, H, generator=g),
-                     torch.randn(LAYERS, E, generator=g))
+    return random_predictor(E, H, K, range(LAYERS), seed=1)
 
 
 def make_library_strict(model):
@@ -112,6 +109,28 @@ def test_experts_that_compute_something_else_are_refused(model):
     first.is_transposed = True
     with pytest.raises(ValueError, match="is_transposed"):
         MoEPatch(model, SelectionConfig(policy="dense"))
+
+
+def test_untied_copy_computes_the_same_model(tmp_path):
+    """hf.untie: the LM head stored explicitly (for SGLang, which ignores tie_word_embeddings)."""
+    from transformers import AutoModelForCausalLM
+
+    from base_sglang.hf.untie import is_tied, untie_embeddings
+    from base_sglang.testing.models import create_tiny_moe
+
+    src = create_tiny_moe(tmp_path / "src", num_layers=1)
+    cfg = AutoModelForCausalLM.from_pretrained(src).config
+    cfg.tie_word_embeddings = True
+    tied = AutoModelForCausalLM.from_config(cfg).eval()
+    tied.save_pretrained(tmp_path / "tied")
+    dst = untie_embeddings(tmp_path / "tied", tmp_path / "untied")
+    assert is_tied(tmp_path / "tied") and not is_tied(dst)
+    untied = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
+    x = torch.randint(0, cfg.vocab_size, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "tied").eval()(x).logits,
+                           untied(x).logits)
 
 
 @torch.inference_mode()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from base_sglang.core import Predictor, PredictorMeta
+from base_sglang.core import Predictor
+from base_sglang.testing.predictors import random_predictor
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -23,11 +24,8 @@ def routing(T: int, E: int, K: int, *, seed: int = 0, one_expert: bool = False,
 
 
 def predictor(E: int, H: int, *, seed: int = 0, layers=(0,)) -> Predictor:
-    g = torch.Generator().manual_seed(seed)
-    meta = PredictorMeta(architecture="synthetic", model_id="synthetic", num_layers=len(layers),
-                         moe_layers=list(layers), hidden_size=H, num_experts=E, top_k=0)
-    return Predictor(meta=meta, weight=torch.randn(len(layers), E, H, generator=g) * 0.1,
-                     bias=torch.randn(len(layers), E, generator=g) * 0.1).to(DEVICE)
+    return random_predictor(E, H, 0, layers, num_layers=len(layers), seed=seed,
+                            bias_scale=0.1, architecture="synthetic").to(DEVICE)
 
 
 def experts(E: int, H: int, I: int, *, seed: int = 0):  # noqa: E741

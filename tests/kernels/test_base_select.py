@@ -5,7 +5,7 @@ import torch
 from kernel_helpers import DEVICE, predictor, routing
 
 from base_sglang.core import SelectionConfig, select_experts
-from base_sglang.core.selection import _batch_score, _top_m
+from base_sglang.core.selection import _batch_score, top_m_mask
 from base_sglang.kernels import base_select, base_select_experts
 
 H = 24
@@ -101,7 +101,7 @@ def test_exact_ties_go_to_the_lower_expert_id():
     d_ref = _batch_score(ids, cost, valid, E)
     in_union = d_ref > 0
     assert torch.equal(d, d_ref)
-    assert torch.equal(in_s.bool(), _top_m(d_ref, torch.tensor(3, device=DEVICE), in_union))
+    assert torch.equal(in_s.bool(), top_m_mask(d_ref, torch.tensor(3, device=DEVICE), in_union))
     assert int(counts[0]) == int(in_union.sum()) and int(counts[1]) == 3
 
 

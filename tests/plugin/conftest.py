@@ -1,7 +1,8 @@
-"""Fixtures for the SGLang plugin tests: the real sglang 0.5.23 package, plugins loaded once.
+"""Fixtures for the SGLang plugin tests: the real sglang package, plugins loaded once.
 
-These tests need sglang installed without its GPU dependencies (see
-tests/plugin/sglang-cpu-requirements.txt); without it the whole directory is skipped.
+The plugin supports sglang 0.5.17 through 0.5.23; tests/run.sh runs this folder against both ends
+(sglang installed without its GPU dependencies: tests/plugin/sglang-cpu-requirements.txt for
+0.5.23, sglang-0.5.17-cpu-requirements.txt for 0.5.17); without sglang it is skipped.
 sglang's import takes ~15 s, so every test shares one process-wide `load_plugins()`.
 """
 
@@ -13,15 +14,18 @@ import pytest
 
 from base_sglang.core import Predictor
 
+SUPPORTED = ((0, 5, 17), (0, 5, 23))  # first and last supported release
+
 
 def _sglang_missing() -> str | None:
     try:
         import sglang
     except ImportError as exc:
-        return (f"sglang 0.5.23 is not importable here ({exc}); see "
+        return (f"sglang is not importable here ({exc}); see "
                 "tests/plugin/sglang-cpu-requirements.txt")
-    if sglang.__version__ != "0.5.23":
-        return f"the plugin is pinned to sglang 0.5.23, found {sglang.__version__}"
+    version = tuple(int(x) for x in sglang.__version__.split(".")[:3])
+    if not SUPPORTED[0] <= version <= SUPPORTED[1]:
+        return f"the plugin supports sglang 0.5.17 through 0.5.23, found {sglang.__version__}"
     return None
 
 
@@ -60,14 +64,20 @@ def plugin_env(tmp_path_factory):
 @pytest.fixture(scope="session")
 def published(plugin_env):
     """SGLang's process topology for a CPU test (what sglang's own test_utils.published_topology does)."""
-    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    import inspect
+
+    from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs(model_path="dummy", device="cpu")
-    reset_context()
-    publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+    runtime_context.reset_context()
+    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
+        ranks = runtime_context.SpawnRanks(world_rank=0, dp_rank=None)
+        runtime_context.publish(server_args, role="test", ranks=ranks)
+    else:  # 0.5.17: no rank argument
+        runtime_context.publish(server_args, role="test")
     yield server_args
-    reset_context()
+    runtime_context.reset_context()
 
 
 @pytest.fixture

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from base_sglang.core import Predictor, PredictorMeta
+from base_sglang.core import Predictor
+from base_sglang.testing.predictors import random_predictor
 
 NUM_LAYERS, E, K, H = 2, 8, 2, 16  # tiny Qwen3-MoE-like shape: 2 MoE layers, 8 experts, top-2
 DEFAULT_BUDGET = 5  # BASE_DEFAULT_BUDGET during the tests
 
 
 def make_predictor(num_experts: int = E, seed: int = 0) -> Predictor:
-    g = torch.Generator().manual_seed(seed)
-    meta = PredictorMeta(architecture="Qwen3MoeForCausalLM", model_id="tiny-test", num_layers=NUM_LAYERS,
-                         moe_layers=list(range(NUM_LAYERS)), hidden_size=H, num_experts=num_experts,
-                         top_k=K)
-    return Predictor(meta=meta, weight=torch.randn(NUM_LAYERS, num_experts, H, generator=g) * 0.5,
-                     bias=torch.randn(NUM_LAYERS, num_experts, generator=g))
+    return random_predictor(num_experts, H, K, range(NUM_LAYERS), seed=seed, scale=0.5,
+                            model_id="tiny-test")
 
 
 def tiny_hf_config(num_experts: int = E):

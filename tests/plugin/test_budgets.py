@@ -10,7 +10,6 @@ import torch
 from plugin_helpers import DEFAULT_BUDGET, E, forward_batch, model_runner, tiny_hf_config
 
 from base_sglang.plugin import hooks
-from base_sglang.plugin.budget import DENSE
 
 
 def _manager():
@@ -69,14 +68,14 @@ def test_header_and_body_budgets_reach_the_buffer(base_state):
     ]
     assert objs[0].sampling_params == {"max_new_tokens": 4, "custom_params": {"expert_budget": 3}}
     assert objs[1].sampling_params["custom_params"] == {"expert_budget": 2}
-    assert objs[2].sampling_params == {"custom_params": {"expert_budget": DENSE}}
+    assert objs[2].sampling_params == {"custom_params": {"expert_budget": E}}  # resolved once
     assert objs[3].sampling_params == {"temperature": 0.0}
 
     reqs = [_scheduled_req(f"r{i}", o.sampling_params) for i, o in enumerate(objs)]
     batch = ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE)
     fb = forward_batch(ForwardMode.DECODE, len(reqs))
     assert hooks.after_forward_batch_init(fb, ForwardBatch, batch, model_runner()) is None
-    assert fb.base_budgets == [3, 2, DENSE, DEFAULT_BUDGET, 7]
+    assert fb.base_budgets == [3, 2, E, DEFAULT_BUDGET, 7]
 
     seen = hooks.around_forward_raw(lambda r, b: base_state.budget.clone(), model_runner(), fb)
     assert seen.dtype == torch.int32
@@ -126,7 +125,10 @@ def test_custom_params_must_be_an_object(base_state):
 
 
 def test_sglang_generate_route_answers_400_naming_the_header(base_state):
-    """SGLang's own /generate handler turns the hook's ValueError into an HTTP 400 body."""
+    """SGLang's own /generate handler turns the hook's ValueError into an HTTP 400 body.
+
+    0.5.23 splits the route into a contract check + `serve_generate_request`; 0.5.17's route
+    function `generate_request` is that second part."""
     import asyncio
     import json
 
@@ -137,8 +139,8 @@ def test_sglang_generate_route_answers_400_naming_the_header(base_state):
     http_server.set_global_state(SimpleNamespace(tokenizer_manager=_manager()))
     try:
         obj = GenerateReqInput(text="hello", sampling_params={"max_new_tokens": 2})
-        resp = asyncio.run(http_server.serve_generate_request(
-            obj, _http_request({"X-Expert-Budget": "0"})))
+        serve = getattr(http_server, "serve_generate_request", http_server.generate_request)
+        resp = asyncio.run(serve(obj, _http_request({"X-Expert-Budget": "0"})))
     finally:
         http_server.set_global_state(previous)
     assert resp.status_code == 400

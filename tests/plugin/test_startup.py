@@ -8,7 +8,7 @@ import pytest
 import torch
 from plugin_helpers import E, make_predictor, model_runner, tiny_hf_config
 
-from base_sglang.core import PredictorMismatch
+from base_sglang.core import DEFAULT_POLICY, PredictorMismatch, SelectionConfig
 from base_sglang.plugin import hooks, state
 from base_sglang.plugin.checks import UnsupportedConfig
 from base_sglang.plugin.config import PluginConfig
@@ -102,6 +102,21 @@ def test_missing_predictor_file_stops_startup(base_state, tmp_path):
         hooks.after_load_model(None, _runner(tiny_hf_config()))
 
 
+def test_default_policy_is_base_plus_and_base_stays_selectable(base_state):
+    """Empty environment: base_plus (core.DEFAULT_POLICY); BASE_POLICY=base is the paper's BASE."""
+    assert PluginConfig.from_env({}).policy == DEFAULT_POLICY == "base_plus"
+    assert PluginConfig.from_env({"BASE_POLICY": " "}).policy == DEFAULT_POLICY
+    assert PluginConfig().policy == DEFAULT_POLICY
+    paper = PluginConfig.from_env({"BASE_POLICY": "base", "BASE_PREDICTOR": "x"})
+    assert paper.policy == "base"
+    st = state.PluginState()
+    st.enable(base_state.predictor, paper, "cpu")
+    assert st.selection == SelectionConfig(policy="base", renorm="native")
+    assert st.selection.combine_mode(True) == "always" and st.selection.combine_mode(False) == "never"
+    st.enable(base_state.predictor, PluginConfig(predictor="x"), "cpu")
+    assert st.selection.policy == "base_plus" and st.selection.combine_mode(True) == "partial"
+
+
 @pytest.mark.parametrize("env, name", [
     ({"BASE_DEFAULT_BUDGET": "0"}, "BASE_DEFAULT_BUDGET"),
     ({"BASE_POLICY": "fastest"}, "policy"),
@@ -131,3 +146,51 @@ def test_cpu_graph_runner_is_refused(base_state):
     with pytest.raises(UnsupportedConfig, match="--cuda-graph-backend-decode disabled"):
         CPUGraphRunner(model_runner())  # the real class: the hook refuses before its __init__ runs
     assert hooks.before_cpu_graph(None, model_runner(is_draft_worker=True)) is None
+
+
+def _moe_block(backend):
+    """A MoE block as SGLang builds it: a real TopK and an experts layer whose quant method holds a
+    real MoeRunner; the TopK bound to the runner's backend where SGLang does that (0.5.23)."""
+    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.runner import MoeRunner
+    from sglang.srt.layers.moe.topk import TopK
+
+    block = torch.nn.Module()
+    block.topk = TopK(top_k=2, layer_id=0)
+    if hasattr(block.topk, "bind_runner_backend"):
+        block.topk.bind_runner_backend(backend)
+    block.experts = torch.nn.Module()
+    block.experts.quant_method = SimpleNamespace(runner=MoeRunner(backend, MoeRunnerConfig(
+        num_experts=E, num_local_experts=E, hidden_size=16, intermediate_size_per_partition=8,
+        top_k=2, params_dtype=torch.float32)))
+    model = torch.nn.Module()
+    model.moe = block
+    return model
+
+
+def test_non_triton_moe_runner_is_refused_naming_the_layer(published):
+    """check_model_runners reads the backend where this sglang keeps it (plugin/compat.py)."""
+    from sglang.srt.layers.moe.topk import TopKConfig
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+    from base_sglang.plugin.checks import check_model_runners
+    from base_sglang.plugin.compat import moe_runner_backends
+
+    triton, deep_gemm = _moe_block(MoeRunnerBackend.TRITON), _moe_block(MoeRunnerBackend.DEEP_GEMM)
+    where = "moe.topk" if "runner_backend" in TopKConfig.__dataclass_fields__ else "moe.experts"
+    assert list(moe_runner_backends(triton)) == [(where, MoeRunnerBackend.TRITON)]
+    check_model_runners(triton, "cuda")
+    with pytest.raises(UnsupportedConfig, match=f"{where} runs on .*--moe-runner-backend triton"):
+        check_model_runners(deep_gemm, "cuda")
+    check_model_runners(deep_gemm, "cpu")  # the CPU path runs SGLang's torch-native MoE
+
+
+def test_shared_expert_columns_of_a_real_topk(published):
+    from sglang.srt.layers.moe.topk import TopK
+
+    from base_sglang.plugin.compat import shared_topk_columns
+
+    cfg = TopK(top_k=2, layer_id=0).topk_config
+    assert shared_topk_columns(cfg) == 0 and cfg.top_k == 2
+    cfg_17 = SimpleNamespace(top_k=9, num_fused_shared_experts=1)  # 0.5.17's field name
+    assert shared_topk_columns(cfg_17) == 1

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plugin_helpers import E, H, K, forward_batch, model_runner
 
-from base_sglang.core import SelectionConfig, select_experts
+from base_sglang.core import DEFAULT_POLICY, SelectionConfig, select_experts
 from base_sglang.plugin import TARGETS, hooks
 
 
@@ -18,7 +18,7 @@ def test_load_plugins_discovers_entry_point_and_applies_every_hook(plugin_env):
 
     assert plugin_env["patched_by_import"] is False  # importing base_sglang.plugin patched nothing
     missing = [t for t, _, _ in TARGETS if t not in HookRegistry._patched]
-    assert missing == []  # every target exists in sglang 0.5.23 and was wrapped
+    assert missing == []  # every target exists in this sglang (0.5.17 .. 0.5.23) and was wrapped
     for target, _hook, _ in TARGETS:
         owner, attr = target.rsplit(".", 1)
         assert hasattr(getattr(pkgutil.resolve_name(owner), attr), "__wrapped__"), target
@@ -26,8 +26,14 @@ def test_load_plugins_discovers_entry_point_and_applies_every_hook(plugin_env):
 
 
 def _topk(layer_id=1, renormalize=True, is_draft=False):
+    """A real TopK; None for a draft one where sglang has no draft mark on TopK (0.5.17, whose
+    drafts are told apart by ModelRunner.is_draft_worker alone)."""
+    import inspect
+
     from sglang.srt.layers.moe.topk import TopK
 
+    if "is_draft" not in inspect.signature(TopK.__init__).parameters:
+        return None if is_draft else TopK(top_k=K, layer_id=layer_id, renormalize=renormalize)
     return TopK(top_k=K, layer_id=layer_id, renormalize=renormalize, is_draft=is_draft)
 
 
@@ -36,11 +42,11 @@ def _inputs(T, seed=0):
     return torch.randn(T, H, generator=g), torch.randn(T, E, generator=g)  # [T, H], [T, E]
 
 
-def _core(st, dense, hidden, logits, budgets, layer_id, renormalize=True):
+def _core(st, dense, hidden, logits, budgets, layer_id, renormalize=True, policy=DEFAULT_POLICY):
     T = hidden.shape[0]
     b = torch.tensor(list(budgets) + [-1] * (T - len(budgets)))  # [T] padded rows -1
     return select_experts(logits, dense.topk_ids, dense.topk_weights, hidden, b, layer_id,
-                          SelectionConfig(), st.predictor, norm_topk_prob=renormalize)
+                          SelectionConfig(policy=policy), st.predictor, norm_topk_prob=renormalize)
 
 
 @pytest.mark.parametrize("budgets, T", [
@@ -68,6 +74,32 @@ def test_forward_native_equals_core(base_state, budgets, T, renormalize):
     assert kept.numel() <= (E if max(budgets) >= E else max(budgets))
     assert int(base_state.num_kept[1]) == kept.numel()  # per-layer counter of executed experts
     assert int(base_state.num_union[1]) == torch.unique(dense.topk_ids[:n]).numel()
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_default_policy_is_base_plus_with_partial_weights(base_state, renormalize):
+    """BASE_POLICY unset: the hook runs base_plus, whose changed rows carry the partial weights
+    (BASE's "never" weights times (W / their sum) ** 0.5), not the paper's BASE weights."""
+    assert base_state.config.policy == DEFAULT_POLICY == "base_plus"
+    assert base_state.selection == SelectionConfig(policy="base_plus", renorm="native")
+    topk = _topk(renormalize=renormalize)
+    hidden, logits = _inputs(6, seed=21)
+    dense = topk.forward_native(hidden, logits)
+    with base_state.decode_step([2] * 6):
+        out = topk(hidden, logits)
+    base = _core(base_state, dense, hidden, logits, [2] * 6, 1, renormalize, policy="base")
+    never = select_experts(logits, dense.topk_ids, dense.topk_weights, hidden,
+                           torch.full((6,), 2), 1, SelectionConfig(policy="base", renorm="never"),
+                           base_state.predictor)
+    assert torch.equal(out.topk_ids, base.ids)  # same kept set and backfill as BASE
+    changed = (out.topk_ids != dense.topk_ids).any(1)  # [T]
+    assert changed.any()
+    w0 = dense.topk_weights.sum(1)  # [T] the token's original total weight W
+    partial = never.weights * (w0 / never.weights.sum(1)).sqrt()[:, None]  # [T, K]
+    torch.testing.assert_close(out.topk_weights[changed], partial[changed], rtol=1e-6, atol=1e-7)
+    if renormalize:  # BASE renormalises to W, base_plus only half-way (in log space)
+        assert not torch.allclose(out.topk_weights[changed], base.weights[changed])
+    assert torch.equal(out.topk_weights[~changed], dense.topk_weights[~changed])
 
 
 def test_small_budget_changes_the_routing(base_state):
@@ -116,8 +148,10 @@ def test_decode_forward_applies_and_draft_passes_through(base_state):
     out = _through_forward_raw(base_state, model_runner(is_draft_worker=True), fb, topk, hidden,
                                logits)
     assert torch.equal(out.topk_ids, dense.topk_ids)
-    out = _through_forward_raw(base_state, model_runner(), fb, _topk(is_draft=True), hidden, logits)
-    assert torch.equal(out.topk_ids, dense.topk_ids)
+    draft = _topk(is_draft=True)
+    if draft is not None:  # sglang >= 0.5.18 marks a draft model's TopK
+        out = _through_forward_raw(base_state, model_runner(), fb, draft, hidden, logits)
+        assert torch.equal(out.topk_ids, dense.topk_ids)
 
 
 def test_layer_outside_the_predictor_passes_through(base_state):
@@ -170,3 +204,21 @@ def test_revert_restores_sglang_and_register_reapplies(base_state):
         HookRegistry.apply_hooks()
     assert all(t in HookRegistry._patched for t, _, _ in TARGETS)
     assert hasattr(TopK.forward_native, "__wrapped__")
+
+
+def test_fused_moe_skips_dropped_slots_in_base_steps(base_state):
+    """SGLang 0.5.17's Triton MoE reads expert -1's weights unless filter_expert=True (it passes
+    True only under EP): the hook forces it in BASE decode steps and leaves other calls alone."""
+    import inspect
+
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    sig = inspect.signature(fused_moe.fused_experts_impl)
+    x, w1, w2, w, ids = (torch.zeros(1) for _ in range(5))
+    call = sig.bind(x, w1, w2, w, ids, filter_expert=False)
+    assert hooks.before_fused_experts(*call.args, **call.kwargs) is None  # not a BASE step
+    with base_state.decode_step([2]):
+        args, kwargs = hooks.before_fused_experts(*call.args, **call.kwargs)
+        assert sig.bind(*args, **kwargs).arguments["filter_expert"] is True
+        fine = sig.bind(x, w1, w2, w, ids, filter_expert=True)
+        assert hooks.before_fused_experts(*fine.args, **fine.kwargs) is None  # already True

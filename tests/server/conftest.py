@@ -4,16 +4,17 @@
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
 import uvicorn
 
-from base_sglang.engine.tiny import create_tiny_moe
 from base_sglang.server.app import create_app
 from base_sglang.server.backends import create_backend
 from base_sglang.server.settings import Settings
+from base_sglang.testing.models import create_tiny_moe
 
 MODEL = "tiny"
 
@@ -36,12 +37,9 @@ def server_model_dir(tmp_path_factory):
     return create_tiny_moe(tmp_path_factory.mktemp("tiny-server-moe"))
 
 
-@pytest.fixture(scope="module")
-def server(server_model_dir):
-    settings = Settings(model=str(server_model_dir), served_model_name=MODEL, policy="base",
-                        default_budget="dense", max_running_requests=16, max_waiting_requests=16)
-    backend = create_backend(settings)
-    app = create_app(backend, settings)
+@contextmanager
+def serve_app(app):
+    """uvicorn on a free loopback port in a thread; yields the base URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -52,9 +50,21 @@ def server(server_model_dir):
     while not srv.started:
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
-    yield LiveServer(f"http://127.0.0.1:{port}", app, backend, str(server_model_dir))
-    srv.should_exit = True
-    thread.join(timeout=15)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(server_model_dir):
+    settings = Settings(model=str(server_model_dir), served_model_name=MODEL, policy="base",
+                        default_budget="dense", max_running_requests=16, max_waiting_requests=16)
+    backend = create_backend(settings)
+    app = create_app(backend, settings)
+    with serve_app(app) as url:
+        yield LiveServer(url, app, backend, str(server_model_dir))
 
 
 @pytest.fixture
@@ -67,3 +77,41 @@ def settings_override(server):
 
     yield apply
     server.app.state.settings = original
+
+
+@pytest.fixture(scope="module")
+def proxy_server():
+    """base-serve's defaults (the shipped proxy model, policy base) on a live loopback server."""
+    from base_sglang.engine import DEFAULT_MODEL_DIR
+
+    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
+        pytest.skip("the embedded proxy model is not installed")
+    torch.set_num_threads(1)
+    settings = Settings(served_model_name="proxy-moe", max_running_requests=16,
+                        max_waiting_requests=512, num_threads=1)
+    backend = create_backend(settings)
+    app = create_app(backend, settings)
+    with serve_app(app) as url:
+        yield LiveServer(url, app, backend, str(DEFAULT_MODEL_DIR))
+
+
+@pytest.fixture(scope="module")
+def tools_server(server_model_dir, tmp_path_factory):
+    """The tiny model with a Qwen-style chat template that renders tools (tool_call_cases.py)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from base_sglang.testing.tool_call_cases import QWEN_STYLE_TEMPLATE
+
+    model_dir = tmp_path_factory.mktemp("tiny-tools-moe") / "m"
+    shutil.copytree(server_model_dir, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = QWEN_STYLE_TEMPLATE
+    tok.save_pretrained(model_dir)
+    settings = Settings(model=str(model_dir), served_model_name=MODEL, policy="base",
+                        default_budget="dense", max_running_requests=8, max_waiting_requests=8)
+    backend = create_backend(settings)
+    app = create_app(backend, settings)
+    with serve_app(app) as url:
+        yield LiveServer(url, app, backend, str(model_dir))

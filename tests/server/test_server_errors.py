@@ -34,8 +34,10 @@ def test_bad_budget_body(server, value):
     assert_error(post(server, "/v1/chat/completions", json=chat), 400, "expert_budget")
 
 
-def test_body_budget_wins_over_a_bad_header(server):
-    r = post(server, json={**OK_BODY, "expert_budget": "Dense"}, headers={"X-Expert-Budget": "x"})
+def test_body_budget_wins_but_a_bad_header_is_still_refused(server):
+    assert_error(post(server, json={**OK_BODY, "expert_budget": "Dense"},
+                      headers={"X-Expert-Budget": "x"}), 400, "X-Expert-Budget")
+    r = post(server, json={**OK_BODY, "expert_budget": "Dense"}, headers={"X-Expert-Budget": "2"})
     assert r.status_code == 200 and r.headers["x-expert-budget"] == "dense"
     r = post(server, json={**OK_BODY, "expert_budget": 8})  # E itself is dense
     assert r.status_code == 200 and r.json()["usage"]["expert_budget"] == "dense"
@@ -50,7 +52,8 @@ def test_budget_outside_the_allowed_range(server, settings_override):
 
 
 @pytest.mark.parametrize("change,param", [
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 2}, "n"),
+    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
+    ({"n": 129}, "n"), ({"n": 17}, "n"),  # 17 choices exceed the 16 running sequences
     ({"max_tokens": 100000}, "max_tokens"), ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": []}, "prompt"), ({"prompt": [10**7]}, "prompt"), ({"logprobs": 50}, "logprobs"),
     ({"stop": [""]}, "stop"), ({"model": None}, "model"),

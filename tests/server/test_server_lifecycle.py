@@ -41,7 +41,7 @@ def test_stream_disconnect_aborts_and_frees_the_slot(server):
 def test_non_stream_disconnect_aborts_too(server):
     wait_idle(server)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(f"{server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=0.1))
     wait_idle(server)
 
 
@@ -60,8 +60,11 @@ def test_engine_failure_stays_inside_the_request(server, monkeypatch):
     monkeypatch.setattr(runner, "decode", failing_decode)
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
-    assert r.status_code == 500 and "injected fault" in r.json()["error"]["message"]
-    assert server.app.state.metrics.requests[("completions", "500")] >= 1
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["code"] == "engine_error"
+    assert "injected fault" not in err["message"] and "error id" in err["message"]  # no internals
+    assert server.app.state.metrics.responses[("completions", "500")] >= 1
+    assert server.app.state.metrics.finishes["error"] >= 1
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert runner.kv.num_rows == 0
@@ -93,8 +96,13 @@ def test_metrics_and_health(server):
     assert float(samples["base_generation_tokens_total"]) >= 3
     assert float(samples["base_decode_steps_total"]) >= 2
     assert float(samples['base_experts_executed_total{layer="0"}']) >= 2
-    assert float(samples['base_decode_batch_budget_steps_total{budget="2"}']) >= 2
-    assert "base_request_latency_seconds_bucket{le=\"+Inf\"}" in samples
+    assert float(samples['base_decode_batch_budget_bucket{le="2"}']) >= 2  # a histogram
+    assert float(samples['base_decode_batch_size_bucket{le="+Inf"}']) >= 2
+    assert float(samples['base_request_finish_total{reason="length"}']) >= 1
+    for name in ("request_latency_seconds", "time_to_first_token_seconds",
+                 "inter_token_latency_seconds", "request_queue_time_seconds"):
+        assert float(samples[f'base_{name}_bucket{{le="+Inf"}}']) >= 1, name
+        assert float(samples[f"base_{name}_count"]) >= 1, name
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == MODEL
 

@@ -119,22 +119,21 @@ def test_concurrent_streams_share_decode_steps(server):
     async def one(client, i, budget):
         stream = await client.completions.create(
             model=MODEL, prompt=f"Numbers: {i} {i + 1}", max_tokens=length(budget), temperature=0,
-            stream=True, extra_body={"expert_budget": budget, "ignore_eos": True})
-        text, last = "", None
-        async for chunk in stream:
-            text += chunk.choices[0].text
-            last = chunk
-        return last
+            stream=True, stream_options={"include_usage": True},
+            extra_body={"expert_budget": budget, "ignore_eos": True})
+        chunks = [chunk async for chunk in stream]
+        *body, last = chunks
+        assert last.choices == [] and all(c.usage is None for c in body)  # usage once, last
+        return body[-1], last.usage
 
     async def run_all():
         async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as c:
             return await asyncio.gather(*(one(c, i, b) for i, b in enumerate(budgets)))
 
     lasts = asyncio.run(run_all())
-    assert [x.choices[0].finish_reason for x in lasts] == ["length"] * 12
-    for last, budget in zip(lasts, budgets):
-        usage = last.usage.model_extra
-        assert last.usage.completion_tokens == length(budget) and usage["expert_budget"] == budget
+    assert [x.choices[0].finish_reason for x, _ in lasts] == ["length"] * 12
+    for (_, use), budget in zip(lasts, budgets):
+        assert use.completion_tokens == length(budget) and use.model_extra["expert_budget"] == budget
     steps = [s for s in list(server.engine.stats.recent)[start:] if not s.is_prefill]
     assert max(s.batch_size for s in steps) > 1
     for s in steps:

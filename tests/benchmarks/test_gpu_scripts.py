@@ -1,0 +1,447 @@
+"""The CPU-testable parts of benchmarks/gpu/ (the SGLang-on-H200 scripts of issue 11): argument
+handling, the dummy model dir, the synthetic predictor, the skew transform, result files and their
+schema, the profile's kernel classes and byte floors, the proxy check's verdict logic, the
+plugin's per-step trace. What needs a GPU and SGLang runs on the device (run_sglang_h200.sh)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+GPU_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+common = importlib.import_module("common")
+summary_schema = importlib.import_module("summary_schema")
+skew = importlib.import_module("skew")
+step_profile = importlib.import_module("step_profile")
+bench_decode = importlib.import_module("bench_decode")
+check_proxy = importlib.import_module("check_proxy_sglang")
+serving_sweep = importlib.import_module("serving_sweep")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return common.write_dummy_model_dir(tmp_path_factory.mktemp("qwen3") / "m")
+
+
+# ---- the dummy model dir and the synthetic predictor ----------------------------------------------
+def test_dummy_model_dir_has_the_qwen3_30b_a3b_shape_and_a_full_vocab_tokenizer(model_dir):
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.num_key_value_heads, cfg.head_dim) == (2048, 48, 32, 4, 128)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+            cfg.vocab_size, cfg.norm_topk_prob) == (128, 8, 768, 151936, True)
+    assert cfg.architectures == ["Qwen3MoeForCausalLM"]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [0, 5, 8191, 100000, 151935]
+    assert tok.encode(tok.decode(ids)) == ids  # every id a dummy model samples round-trips
+    assert tok.num_special_tokens_to_add() == 0
+    text = tok.apply_chat_template([{"role": "user", "content": "t3 t4"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "user: t3 t4\nassistant:"
+
+
+def test_dummy_model_dir_is_idempotent(model_dir):
+    before = (model_dir / "tokenizer.json").stat().st_mtime_ns
+    common.write_dummy_model_dir(model_dir)
+    assert (model_dir / "tokenizer.json").stat().st_mtime_ns == before
+
+
+def test_synthetic_predictor_matches_the_model_and_routes_base(tmp_path, model_dir):
+    from transformers import AutoConfig
+
+    from base_sglang.core import Predictor, SelectionConfig, select_experts
+
+    config = json.loads((model_dir / "config.json").read_text())
+    path = common.make_synthetic_predictor(config, tmp_path / "p.safetensors", seed=3)
+    pred = Predictor.load(path)
+    pred.validate(AutoConfig.from_pretrained(model_dir))
+    assert tuple(pred.weight.shape) == (48, 128, 2048) and pred.meta.moe_layers == list(range(48))
+    assert pred.meta.calibration["synthetic"] is True
+    T, E, K = 16, 128, 8
+    logits = torch.randn(T, E)
+    w, ids = logits.softmax(-1).topk(K, dim=1)
+    sel = select_experts(logits, ids, w / w.sum(1, keepdim=True), torch.randn(T, 2048),
+                         torch.full((T,), 16), 5, SelectionConfig(), pred)
+    assert int(sel.stats.num_kept) == 16 < int(sel.stats.num_union)
+
+
+def test_synthetic_predictor_refuses_a_dense_model(tmp_path):
+    with pytest.raises(ValueError, match="not a MoE model"):
+        common.make_synthetic_predictor({"hidden_size": 8, "num_hidden_layers": 2},
+                                        tmp_path / "p.safetensors")
+
+
+# ---- skewed routing ---------------------------------------------------------------------------------
+class _Block(torch.nn.Module):  # the attribute layout of SGLang's Qwen3MoeSparseMoeBlock
+    def __init__(self, H, E):
+        super().__init__()
+        self.gate = torch.nn.Linear(H, E, bias=False)
+        self.experts = torch.nn.Identity()
+
+
+def _union(block, h, k):
+    return block.gate(h).topk(k, dim=1).indices.unique().numel()
+
+
+def test_skew_shrinks_the_routed_union_and_more_gamma_shrinks_it_more():
+    torch.manual_seed(0)
+    H, E, K, B = 256, 128, 8, 16
+    model = torch.nn.ModuleList([_Block(H, E) for _ in range(4)])
+    h = torch.randn(64, B, H)
+    base = [sum(_union(b, x, K) for x in h) / len(h) for b in model]
+    info = skew.skew_router(model, gamma=2.5, seed=1)
+    assert info["routers"] == 4 and info["num_experts"] == E
+    skewed = [sum(_union(b, x, K) for x in h) / len(h) for b in model]
+    assert all(s < 0.75 * u for s, u in zip(skewed, base))  # ~83 -> ~51 of 128 at B=16
+    assert all(40 < s < 62 for s in skewed)
+    skew.skew_router(model, gamma=2.0, seed=1)  # gamma adds up: 4.5 in all
+    assert all(s2 < s for s2, s in zip([sum(_union(b, x, K) for x in h) / len(h)
+                                        for b in model], skewed))
+
+
+def test_skew_finds_the_routers_of_a_transformers_qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, num_experts=8, num_experts_per_tok=2)
+    model = Qwen3MoeForCausalLM(cfg)
+    gates = skew.moe_gates(model)
+    assert len(gates) == 3 and all(w.shape == (8, 32) for _, w in gates)
+    before = gates[0][1].detach().clone()
+    skew.skew_router(model, gamma=1.0)
+    ratio = gates[0][1].detach() / before  # one factor per row (expert)
+    assert torch.allclose(ratio, ratio[:, :1].expand_as(ratio), atol=1e-5)
+    assert ratio.max() <= 1.0 + 1e-6 and ratio.min() < 0.95
+
+
+def test_skew_refuses_bad_input():
+    with pytest.raises(ValueError, match="gamma"):
+        skew.skew_router(torch.nn.ModuleList([_Block(4, 4)]), gamma=-1.0)
+    with pytest.raises(ValueError, match="no MoE router"):
+        skew.skew_router(torch.nn.Linear(4, 4), gamma=1.0)
+
+
+# ---- bench_decode: arguments, result files, merge, report ------------------------------------------
+def test_bench_decode_defaults_and_sglang_argv():
+    args = bench_decode.parse_args(["--out", "/tmp/x", "--", "--log-level", "warning"])
+    assert args.batches == [1, 4, 8, 16, 32, 64, 128]
+    assert args.budgets == ["dense", 8, 10, 12, 16, 24, 32, 128]
+    argv = bench_decode.sglang_argv(args)
+    i = argv.index("--cuda-graph-bs-decode")
+    assert argv[i + 1:i + 8] == ["1", "4", "8", "16", "32", "64", "128"]
+    assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "128"
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    assert argv[-2:] == ["--log-level", "warning"]
+    off = bench_decode.parse_args(["--out", "/tmp/x", "--plugin", "off", "--batches", "16", "4"])
+    assert off.budgets == ["off"] and off.batches == [4, 16]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budgets", "0"], "--budgets"), (["--budgets", "abc"], "--budgets"),
+    (["--budgets", "129"], "--budgets"), (["--batches", "4", "4"], "--batches"),
+    (["--batches", "8"], "--profile-batch"), (["--steps", "0"], "--steps"),
+])
+def test_bench_decode_bad_arguments_name_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--out", "/tmp/x", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_bench_decode_dry_run_writes_model_dir_and_predictor(tmp_path, capsys):
+    rc = bench_decode.main(["--out", str(tmp_path), "--dry-run", "--model-dir",
+                            str(tmp_path / "m"), "--predictor", str(tmp_path / "p.safetensors")])
+    assert rc == 0 and (tmp_path / "m" / "tokenizer.json").is_file()
+    assert (tmp_path / "p.safetensors").stat().st_size > 48 * 128 * 2048 * 4
+    assert "--load-format dummy" in capsys.readouterr().out
+
+
+INFO = {"gpu": "NVIDIA H200", "sglang_version": "0.5.17", "torch": "2.11.0+cu130",
+        "commit": "abc1234"}
+
+
+def _rows(budgets, batch=16, tok=1000.0):
+    rows, stats = [], []
+    for b in budgets:
+        epl = 82.0 if b in ("dense", "off", 128) else float(b)
+        rows.append({"batch": batch, "budget": b, "decode_tok_s": tok * (82.0 / epl) ** 0.5,
+                     "experts_per_layer": epl, "union_dense": 82.0})
+        stats.append({"batch": batch, "budget": b, "median_step_ms": 1.0})
+    return rows, stats
+
+
+def _write(path, mode, rows, stats, routing="uniform-random"):
+    args = bench_decode.parse_args(["--out", str(path.parent), "--routing", routing])
+    bench_decode.write_results(path, path.parent / bench_decode.PROFILE_FILE, INFO, args, mode,
+                               rows, stats, {"k": mode}, {"t": 1}, {}, [])
+
+
+def test_on_and_off_processes_share_one_valid_summary(tmp_path, capsys):
+    path = tmp_path / "summary.json"
+    _write(path, "plugin_on", *_rows(["dense", 16, 10, 128]))
+    _write(path, "plugin_off", *_rows(["off"]))
+    _write(path, "plugin_on", *_rows(["dense", 16, 10, 128], tok=1100.0))  # a rerun replaces
+    obj = json.loads(path.read_text())
+    summary_schema.validate_summary(obj)
+    assert [r["budget"] for r in obj["rows"]] == ["off", "dense", 10, 16, 128]
+    assert obj["rows"][1]["decode_tok_s"] == pytest.approx(1100.0)
+    assert set(obj["settings"]) == {"plugin_on", "plugin_off"} and "schema_error" not in obj
+    assert bench_decode.report(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "x dense" in out and "x off" in out
+
+
+def test_a_row_that_breaks_the_budget_is_kept_and_flagged(tmp_path):
+    rows, stats = _rows([16])
+    rows[0]["experts_per_layer"] = 20.0  # the hook did not apply the budget
+    _write(tmp_path / "summary.json", "plugin_on", rows, stats)
+    obj = json.loads((tmp_path / "summary.json").read_text())
+    assert "exceeds the budget 16" in obj["schema_error"]
+
+
+def test_merge_of_two_device_calls(tmp_path):
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    _write(a / "summary.json", "plugin_on", *_rows(["dense", 16]))
+    _write(b / "summary.json", "plugin_off", *_rows(["off"]))
+    _write(b / "summary_skewed.json", "plugin_on", *_rows(["dense", 10]), routing="skewed")
+    assert bench_decode.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    merged = json.loads((out / "summary.json").read_text())
+    summary_schema.validate_summary(merged)
+    assert [r["budget"] for r in merged["rows"]] == ["off", "dense", 16]
+    assert json.loads((out / "summary_skewed.json").read_text())["routing"] == "skewed"
+
+
+def test_expert_stats_flag_hooks_that_did_not_run_or_ignored_the_budget():
+    kept, union = torch.tensor([64.0, 64.0]), torch.tensor([160.0, 164.0])
+    epl, uni, per_layer, problem = bench_decode._expert_stats(kept, union, 4, 16, 4)
+    assert (epl, uni, per_layer, problem) == (16.0, 40.5, [16.0, 16.0], None)
+    assert "did not reach the hook" in bench_decode._expert_stats(kept, union, 2, 16, 2)[3]
+    assert "did not run inside" in bench_decode._expert_stats(kept, 0 * union, 4, 16, 4)[3]
+    assert "no BASE counters" in bench_decode._expert_stats(None, None, 0, 16, 4)[3]
+
+
+# ---- the schema --------------------------------------------------------------------------------------
+def _summary():
+    rows, _ = _rows(["dense", 16, "off"])
+    return {**INFO, "model_shape": "qwen3-30b-a3b", "weights": "dummy", "cuda_graph": True,
+            "routing": "uniform-random", "rows": rows}
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda s: s.pop("gpu"), "missing field 'gpu'"),
+    (lambda s: s.update(routing="zipf"), "routing"),
+    (lambda s: s.update(cuda_graph=False), "cuda_graph"),
+    (lambda s: s["rows"][0].update(extra=1), "keys must be exactly"),
+    (lambda s: s["rows"][1].update(budget=0), "budget"),
+    (lambda s: s["rows"][1].update(budget="16"), "budget"),
+    (lambda s: s["rows"][0].update(decode_tok_s=float("nan")), "decode_tok_s"),
+    (lambda s: s["rows"][0].update(union_dense=50.0), "exceeds the dense union"),
+    (lambda s: s["rows"].append(dict(s["rows"][0])), "duplicate"),
+    (lambda s: s["rows"][0].update(batch=True), "batch"),
+])
+def test_schema_violations_name_the_field(mutate, message):
+    s = _summary()
+    summary_schema.validate_summary(s)
+    mutate(s)
+    with pytest.raises(ValueError, match=message):
+        summary_schema.validate_summary(s)
+
+
+def test_committed_summaries_validate():
+    results = GPU_DIR.parents[0] / "results"
+    paths = sorted(results.glob("sglang_h200/summary*.json")) + \
+        sorted(results.glob("base_plus_h200/**/summary.json"))
+    assert len(paths) >= 5  # sglang_h200 uniform + skewed, base_plus_h200 decode + the A/B pair
+    for path in paths:
+        summary_schema.validate_summary(json.loads(path.read_text()))
+    ab = {p.parent.name: json.loads(p.read_text()) for p in paths if p.parent.name.startswith("ab_")}
+    assert {k: v["settings"]["plugin_on"]["policy"] for k, v in ab.items()} == \
+        {"ab_base": "base", "ab_base_plus": "base_plus"}
+
+
+def test_shell_scripts_parse_and_base_plus_script_refuses_unknown_parts(tmp_path):
+    import subprocess
+
+    for script in sorted(GPU_DIR.parents[0].glob("**/*.sh")):
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{script}: {r.stderr}"
+    r = subprocess.run(["bash", str(GPU_DIR / "run_base_plus_h200.sh"), "bogus"], capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}, timeout=60)
+    assert r.returncode == 2 and "unknown part 'bogus'" in r.stderr
+
+
+# ---- the step profile ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, cat", [
+    ("fused_moe_kernel", "moe_experts"), ("_moe_align_small_numel_kernel", "moe_experts"),
+    ("act_and_mul_kernel", "moe_experts"), ("_moe_sum_reduce_kernel", "moe_experts"),
+    ("_base_score_kernel", "base_select"), ("_base_select_kernel", "base_select"),
+    ("void topk_softmax<8>(float const*)", "router"),
+    ("_fwd_grouped_kernel_stage1", "attention"), ("_fwd_kernel_stage2", "attention"),
+    ("nvjet_tst_128x64_64x8_2x1_v_bz_TNT", "gemm"), ("sm90_xmma_gemm_bf16bf16", "gemm"),
+    ("void FusedAddRMSNormKernel<bf16>", "norm"), ("elementwise_kernel", "other"),
+])
+def test_kernel_names_fall_into_their_category(name, cat):
+    assert step_profile.classify(name) == cat
+
+
+class _Ev:
+    def __init__(self, key, us, count, dev="DeviceType.CUDA"):
+        self.key, self.device_time_total, self.count, self.device_type = key, us, count, dev
+
+
+def test_kernel_table_sums_per_category_and_step():
+    evs = [_Ev("fused_moe_kernel", 8000.0, 192), _Ev("_fwd_kernel_stage2", 1000.0, 96),
+           _Ev("_base_select_kernel", 400.0, 96), _Ev("aten::mm", 5000.0, 4, "DeviceType.CPU")]
+    t = step_profile.kernel_table(evs, steps=2)
+    assert t["gpu_ms_per_step"]["moe_experts"] == 4.0
+    assert t["gpu_ms_per_step"]["attention"] == 0.5
+    assert t["gpu_ms_per_step"]["base_select"] == 0.2
+    assert t["gpu_busy_ms_per_step"] == 4.7  # the CPU event is not a kernel
+    assert t["top_kernels"][0] == {"name": "fused_moe_kernel", "category": "moe_experts",
+                                   "ms_per_step": 4.0, "launches_per_step": 96.0}
+
+
+def test_byte_floors_of_qwen3_30b_a3b():
+    f = step_profile.byte_floors(common.QWEN3_30B_A3B, batch=16, context_len=300,
+                                 experts_per_layer=16.0, union=82.0)
+    per_expert = 3 * 2048 * 768 * 2
+    assert f["bytes_per_expert_per_layer"] == per_expert
+    assert f["per_category"]["moe_experts"]["bytes"] == 16 * per_expert * 48
+    assert f["dense_union_expert_bytes"] == 82 * per_expert * 48
+    assert f["per_category"]["attention"]["bytes"] == 16 * 300 * 48 * 2 * 4 * 128 * 2
+    gemm = 48 * (2048 * 5120 + 4096 * 2048) * 2 + 48 * 128 * 2048 * 2 + 151936 * 2048 * 2
+    assert f["per_category"]["gemm"]["bytes"] == gemm
+    assert f["per_category"]["moe_experts"]["floor_ms"] == pytest.approx(
+        16 * per_expert * 48 / 4.8e12 * 1000, abs=1e-4)
+
+
+# ---- the proxy check's verdict --------------------------------------------------------------------------
+def _s1(trace, n_out=4):
+    return {"trace": trace, "outputs": {k: [{"ids": [1] * n_out}] for k in ("2", "4", "dense")}}
+
+
+def test_budget_checks_pass_and_fail():
+    DENSE = 64  # budgets reach the plugin resolved: dense = E (the proxy's 64 experts)
+    ok = [{"max_budget": 2, "kept": [2, 1], "union": [5, 3]}] * 3 + \
+         [{"max_budget": 4, "kept": [4, 3], "union": [5, 3]}] * 3 + \
+         [{"max_budget": DENSE, "kept": [5, 3], "union": [5, 3]}] * 3
+    r = check_proxy.budget_checks(_s1(ok), [4, 2])
+    assert all(v["pass"] for v in r.values()) and r["2"]["max_kept"] == 2
+    over = ok[:2] + [{"max_budget": 2, "kept": [3, 1], "union": [5, 3]}] + ok[3:]
+    r = check_proxy.budget_checks(_s1(over), [4, 2])
+    assert not r["2"]["pass"] and r["2"]["steps_over_budget"] == 1 and r["4"]["pass"]
+    not_union = ok[:6] + [{"max_budget": DENSE, "kept": [4, 3], "union": [5, 3]}] * 3
+    assert not check_proxy.budget_checks(_s1(not_union), [4, 2])["dense"]["pass"]
+    too_few = ok[:1] + ok[3:]  # 1 step recorded for 4 tokens generated under budget 2
+    assert not check_proxy.budget_checks(_s1(too_few), [4, 2])["2"]["pass"]
+
+
+def test_prefix_match_and_teacher_forced_gap():
+    assert check_proxy.prefix_match([1, 2, 3], [1, 2, 4]) == 2
+    assert check_proxy.prefix_match([1, 2], [1, 2, 3]) == 2
+
+    class _LM(torch.nn.Module):  # next token = (last + 1) mod V, confidently
+        def forward(self, ids):
+            logits = torch.nn.functional.one_hot((ids + 1) % 10, 10).float() * 5.0
+            return type("O", (), {"logits": logits})()
+
+    tf = check_proxy.teacher_forced(_LM(), [3, 4], [5, 7], "cpu")
+    assert tf["gap"][0] == pytest.approx(0.0) and tf["gap"][1] == pytest.approx(5.0)
+    assert check_proxy.greedy(_LM(), [3], 3, "cpu") == [4, 5, 6]
+
+
+def test_heldout_prompts_are_distinct_and_sized():
+    prompts = check_proxy.heldout_prompts(8, 48, common.PROXY_DIR / "tokenizer.json")
+    assert len(prompts) == 8 and all(len(p) == 48 for p in prompts)
+    assert len({tuple(p) for p in prompts}) == 8
+
+
+def test_check_proxy_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        check_proxy.parse_args(["sglang", "--out", "x", "--model-dir", str(tmp_path)])
+    assert "no config.json" in capsys.readouterr().err
+    args = check_proxy.parse_args(["sglang", "--out", "x"])
+    argv = check_proxy.engine_argv(args)
+    assert argv[argv.index("--cuda-graph-bs-decode") + 1:][:4] == ["1", "2", "4", "8"]
+
+
+# ---- serving sweep ------------------------------------------------------------------------------------
+def test_serving_sweep_budget_bodies_and_dataset(tmp_path):
+    assert serving_sweep.extra_body("base-serve", "16") == '{"expert_budget": 16}'
+    assert serving_sweep.extra_body("sglang", "10") == '{"custom_params": {"expert_budget": 10}}'
+    assert serving_sweep.extra_body("sglang", "dense") is None
+    data = json.loads(serving_sweep.write_dataset(tmp_path / "d.json", vocab=1000, n=20).read_text())
+    prompts = [c["conversations"][0]["value"] for c in data]
+    assert len(set(prompts)) == 20 and all(len(p.split()) == 400 for p in prompts)
+
+
+def test_serving_summary_computes_the_speedup(tmp_path):
+    recs = [{"tag": "base-serve/dense/c16", "output_throughput": 1000.0, "completed": 32},
+            {"tag": "base-serve/16/c16", "output_throughput": 1500.0, "completed": 32}]
+    (tmp_path / serving_sweep.JSONL).write_text("\n".join(json.dumps(r) for r in recs))
+    rows = serving_sweep.summarize(tmp_path)["rows"]
+    assert [r["x_dense"] for r in rows] == [1.0, 1.5]
+    assert json.loads((tmp_path / serving_sweep.SUMMARY).read_text())["rows"][1]["budget"] == "16"
+
+
+def test_serving_sweep_arguments(capsys):
+    with pytest.raises(SystemExit):
+        serving_sweep.parse_args(["--out", "x", "--flavor", "sglang"])
+    assert "--base-url" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving_sweep.parse_args(["--out", "x", "--base-url", "u", "--flavor", "sglang",
+                                  "--model", "m", "--tokenizer", "t", "--budgets", "0"])
+
+
+def test_serving_sweep_warm_up_is_dense_small_and_unrecorded(tmp_path):
+    args = serving_sweep.parse_args(["--out", str(tmp_path), "--base-url", "u", "--flavor", "sglang",
+                                     "--model", "m", "--tokenizer", "t", "--budgets", "16"])
+    argv = serving_sweep.warm_argv(args, 32, tmp_path / "d.json", tmp_path / "_warmup.jsonl")
+    val = {k: argv[i + 1] for i, k in enumerate(argv) if k.startswith("--") and i + 1 < len(argv)}
+    assert val["--num-prompts"] == "32" and val["--max-concurrency"] == "32"
+    assert val["--output-file"] == str(tmp_path / "_warmup.jsonl")  # never the recorded JSONL
+    assert val["--tag"] == "warmup/c32"
+    assert "--extra-request-body" not in argv  # dense
+    measured = serving_sweep.bench_argv(args, "sglang", "16", 32, tmp_path / "d.json")
+    assert "--extra-request-body" in measured
+    assert measured[measured.index("--output-file") + 1].endswith(serving_sweep.JSONL)
+
+
+# ---- the plugin's per-step trace (BASE_STEP_TRACE) ------------------------------------------------------
+def test_plugin_step_trace_writes_one_line_per_decode_step(tmp_path, monkeypatch):
+    from base_sglang.plugin.config import PluginConfig
+    from base_sglang.plugin.state import PluginState
+    from base_sglang.testing.predictors import random_predictor
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("BASE_STEP_TRACE", str(trace))
+    st = PluginState()
+    st.enable(random_predictor(8, 4, 2, (0, 1), scale=0.0, bias_scale=0.0),
+              PluginConfig(predictor="x", stats_interval=0), "cpu")
+    st.ensure_buffer(4, "cpu")
+    for kept in (3, 2):
+        with st.decode_step([kept, 5]):
+            st.record(0, torch.tensor(6), torch.tensor(kept))
+            st.record(1, torch.tensor(4), torch.tensor(kept - 1))
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert lines == [{"rows": 2, "max_budget": 5, "kept": [3, 2], "union": [6, 4]},
+                     {"rows": 2, "max_budget": 5, "kept": [2, 1], "union": [6, 4]}]
+    assert st.num_kept.tolist() == [0, 0] and st.num_steps == 0
+
+
+def test_targets_line_reports_met_and_missing_targets():
+    ref = {(16, "dense"): 1000.0, (16, 16): 1700.0, (16, 10): 1500.0}
+    line = bench_decode.targets_line(ref)
+    assert "M=16 / dense = 1.700 (target >= 1.6: met)" in line
+    assert "M=10 / dense = 1.500 (target >= 1.73: NOT met)" in line
+    assert "M=128 / off: not measured" in line
