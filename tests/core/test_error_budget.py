@@ -116,3 +116,36 @@ def test_error_budget_runs_on_meta_tensors_and_is_deterministic():
                            SelectionConfig(policy="base_plus"), pred, max_error=torch.full((T,), 0.05))
             for _ in range(3)]
     assert all(torch.equal(r.ids, runs[0].ids) and torch.equal(r.weights, runs[0].weights) for r in runs)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_rows_with_different_bounds_take_the_tightest_request(seed):
+    logits, ids, w, hidden, pred = setup(seed)
+    budget = torch.full((T,), E)
+    max_error = torch.linspace(0.02, 0.9, T)  # every row its own bound
+    m = brute_force_m(pred, hidden, ids, w, max_error, budget)
+    sel = select_experts(logits, ids, w, hidden, budget, 0, SelectionConfig(policy="base_plus"), pred,
+                         max_error=max_error)
+    fixed = select_experts(logits, ids, w, hidden, torch.full((T,), m), 0,
+                           SelectionConfig(policy="base_plus"), pred)
+    assert torch.equal(sel.ids, fixed.ids) and torch.equal(sel.weights, fixed.weights)
+    # the loosest rows alone would ask for less
+    loose = brute_force_m(pred, hidden, ids, w, torch.full((T,), 0.9), budget)
+    assert loose <= m
+
+
+def test_minus_one_ids_of_padded_rows_do_not_move_the_bounded_budget():
+    logits, ids, w, hidden, pred = setup(1)
+    budget = torch.full((T,), E)
+    budget[[0, 4]] = -1
+    ids_pad, w_pad = ids.clone(), w.clone()
+    ids_pad[[0, 4]] = -1
+    w_pad[[0, 4]] = 0
+    cfg = SelectionConfig(policy="base_plus")
+    eps = torch.full((T,), 0.1)
+    sel = select_experts(logits, ids_pad, w_pad, hidden, budget, 0, cfg, pred, max_error=eps)
+    assert (sel.ids[[0, 4]] == -1).all() and (sel.weights[[0, 4]] == 0).all()
+    real = budget >= 0
+    sub = select_experts(logits[real], ids[real], w[real], hidden[real], budget[real], 0, cfg, pred,
+                         max_error=eps[real])
+    assert torch.equal(sel.ids[real], sub.ids) and torch.equal(sel.weights[real], sub.weights)

@@ -1,0 +1,192 @@
+"""Markdown tables for BENCHMARKS.md from base-eval and predictor_study result files (no recomputation).
+
+    python -m base_sglang.calibration.tables quality FILE.json...   # quality vs budget, per file
+    python -m base_sglang.calibration.tables targets FILE.json...   # the issue-13 targets, one row per file
+    python -m base_sglang.calibration.tables errors FILE.json...    # error bound vs measured, all files
+    python -m base_sglang.calibration.tables study FILE.json...     # predictor options per layer
+
+Every number is read from the files' rows and checks (calibration/sweep.py check_targets); nothing is
+re-measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+BUDGET_COLS = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "exfold", "frequency")
+KNOB_POLICIES = ("oea", "sere", "lynx")
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _f(x, nd: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def _pct(x) -> str:
+    """Perplexity increase in %, with more digits where it is small."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def header(res: dict) -> str:
+    m, s = res["meta"], res["meta"]["settings"]
+    dense = next(r for r in res["rows"] if r["policy"] == "dense")
+    return (f"{m['model']} (E={m['num_experts']}, top-{m['top_k']}), B = {s['batch_size']}: "
+            f"{s['num_batches']} x {s['batch_size']} windows, prefix {s['prefix']}, {s['steps']} steps, "
+            f"{dense['tokens']} scored tokens per setting; dense ppl {dense['ppl']:.3f}, dense union "
+            f"{m['dense_union']:.1f} experts; {m['seconds']:.0f} s; commit `{m['commit']}`"
+            f"{' (dirty)' if m.get('dirty') else ''}, torch {m['torch']}, transformers "
+            f"{m.get('transformers') or '?'}")
+
+
+def quality(res: dict) -> str:
+    """Increase at each budget M for the budgeted policies, ratio to both oracles, then knob policies."""
+    by = {(r["policy"], r["value"]): r for r in res["rows"]}
+    budgets = sorted({r["value"] for r in res["rows"] if r["policy"] == "base_plus"})
+    top_k = res["meta"]["top_k"]
+    out = [header(res), "",
+           "| M (= D) | " + " | ".join(BUDGET_COLS) + " | base_plus / oracle | base_plus / oracle_plus |",
+           "|---:|" + "---:|" * (len(BUDGET_COLS) + 2)]
+    for m in budgets:
+        cells = [_pct(by[(p, m)]["dppl_pct"]) if (p, m) in by else "-" for p in BUDGET_COLS]
+        ratios = []
+        for orc in ("oracle", "oracle_plus"):
+            o, b = by.get((orc, m)), by.get(("base_plus", m))
+            r = b["dppl_pct"] / o["dppl_pct"] if o and b and o["dppl_pct"] > 0 else float("nan")
+            mark = "" if m < top_k or math.isnan(r) else (" ok" if r <= 1.1 + 1e-9 else " **miss**")
+            ratios.append(f"{_f(r, 2)}{mark}")
+        label = f"{m}" + (" (< k)" if m < top_k else "")
+        out.append(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    interp = {e["setting"]: e for e in res["checks"]["matched_interp"]}
+    out += ["", "| setting | experts | ppl increase % | base_plus at that cost % | beats base_plus |",
+            "|---|---:|---:|---:|---|"]
+    for r in res["rows"]:
+        if r["policy"] not in KNOB_POLICIES:
+            continue
+        e = interp.get(r["setting"], {})
+        beats = e.get("beats_ref")
+        flag = "-" if beats is None else ("**yes**" + (" (> 2 SE)" if e.get("significant") else
+                                                        " (within 2 SE)") if beats else "no")
+        out.append(f"| {r['setting']} | {r['experts']:.1f} | {_pct(r['dppl_pct'])} | "
+                   f"{_pct(e.get('ref_interp_dppl_pct'))} | {flag} |")
+    err = [r for r in res["rows"] if r["policy"] == "base_plus_err"]
+    if err:
+        out += ["", "| max_error (predicted relative error bound) | experts | ppl increase % | "
+                    "base_plus at that cost % | agree | KL |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in err:
+            e = interp.get(r["setting"])  # error rows are not compared; interpolate here for reference
+            y = _interp_ref(res, r["experts"]) if e is None else e.get("ref_interp_dppl_pct")
+            out.append(f"| {r['value']:g} | {r['experts']:.1f} | {_pct(r['dppl_pct'])} | {_pct(y)} | "
+                       f"{r['agree']:.3f} | {_f(r['kl'], 4)} |")
+    return "\n".join(out)
+
+
+def _interp_ref(res: dict, x: float):
+    from base_sglang.calibration.sweep import _interp
+
+    curve = sorted((r for r in res["rows"] if r["policy"] == "base_plus"), key=lambda r: r["experts"])
+    return _interp([r["experts"] for r in curve], [r["dppl_pct"] for r in curve], x)
+
+
+def targets(results: list[dict]) -> str:
+    """One row per file: within 10 % of each oracle at every M >= k, and unbeaten at equal cost."""
+    out = ["| model | B | within 10 % of oracle (M >= k) | within 10 % of oracle_plus (M >= k) | "
+           "unbeaten at equal or lower cost | beaten by (> 2 SE) |", "|---|---:|---|---|---|---|"]
+    for res in results:
+        c, k = res["checks"], res["meta"]["top_k"]
+        cells = []
+        for orc in ("oracle", "oracle_plus"):
+            es = [e for e in c["matched_budget"] if e["M"] >= k and f"over_{orc}" in e]
+            worst = max(es, key=lambda e: e[f"over_{orc}"]) if es else None
+            misses = [e["M"] for e in es if not e[f"within_10pct_of_{orc}"]]
+            if worst is None:
+                cells.append("-")
+                continue
+            sig = [e["M"] for e in es if not e[f"within_10pct_of_{orc}"] and e.get(f"{orc}_gap_significant")]
+            cells.append(("met" if c[f"all_within_10pct_of_{orc}"] else "**missed**") +
+                         f": worst {worst[f'over_{orc}']:.2f}x at M={worst['M']} "
+                         f"({_pct(worst['dppl_pct'])} vs {_pct(worst[f'{orc}_dppl_pct'])} %)" +
+                         (f"; over 1.1x at M = {', '.join(map(str, misses))}" if misses else "") +
+                         (f" (gap > 2 SE at M = {', '.join(map(str, sig))})" if misses and sig else
+                          " (every gap within 2 SE)" if misses else ""))
+        beaten = c.get("beaten_by", [])
+        sig = c.get("beaten_significantly_by", [])
+        interp = {e["setting"]: e for e in c["matched_interp"]}
+        detail = []
+        for name in beaten:
+            e = interp[name]
+            detail.append(f"{name} ({e['experts']:.1f} exp.: {_pct(e['dppl_pct'])} vs "
+                          f"{_pct(e['ref_interp_dppl_pct'])} %)")
+        s = res["meta"]["settings"]
+        out.append(f"| {res['meta']['model']} | {s['batch_size']} | {cells[0]} | {cells[1]} | "
+                   f"{'met' if c['unbeaten'] else '**missed**: ' + '; '.join(detail)} | "
+                   f"{', '.join(sig) if sig else 'none'} |")
+    return "\n".join(out)
+
+
+def errors(results: list[dict]) -> str:
+    """Error-targeted budgets across files: per bound, experts executed and measured ppl increase."""
+    eps = sorted({r["value"] for res in results for r in res["rows"] if r["policy"] == "base_plus_err"})
+    cols = [f"{res['meta']['model']} B={res['meta']['settings']['batch_size']}" for res in results]
+    out = ["| max_error | " + " | ".join(cols) + " |", "|---:|" + "---|" * len(cols),
+           ]
+    for e in eps:
+        cells = []
+        for res in results:
+            r = next((r for r in res["rows"] if r["policy"] == "base_plus_err" and r["value"] == e), None)
+            cells.append("-" if r is None else f"{_pct(r['dppl_pct'])} % @ {r['experts']:.1f}")
+        out.append(f"| {e:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def study(res: dict) -> str:
+    """Held-out R^2 / Spearman / retained energy per layer and option, and each option's cost."""
+    layers = res["layers"]
+    opts = list(next(iter(layers.values())).keys())
+    budgets = res["meta"]["budgets"]
+    mid = budgets[len(budgets) // 2 - 1] if len(budgets) > 1 else budgets[0]
+    out = [f"{res['meta']['model']}: {res['meta']['fit_windows']} fit / {res['meta']['heldout_windows']} "
+           f"held-out windows, energy at B = {res['meta']['batch_size']}, M = {mid}; "
+           f"{res['meta']['seconds']:.0f} s, commit `{res['meta']['commit']}`, transformers "
+           f"{res['meta'].get('transformers', '?')}", "",
+           "| option | R² held-out (mean; min-max over layers) | Spearman cost (mean; min) | "
+           f"retained energy @M={mid} (mean; oracle) | MACs / token | predictor bytes / layer |",
+           "|---|---|---|---|---:|---:|"]
+    for o in opts:
+        r2 = [layers[L][o]["r2"] for L in layers]
+        rho = [layers[L][o]["spearman_cost"] for L in layers]
+        en = [layers[L][o][f"energy_pred@{mid}"] for L in layers]
+        orc = [layers[L][o][f"energy_oracle@{mid}"] for L in layers]
+        cost = res["cost"].get(o, {})
+        out.append(f"| {o} | {sum(r2) / len(r2):.3f}; {min(r2):.3f}-{max(r2):.3f} | "
+                   f"{sum(rho) / len(rho):.3f}; {min(rho):.3f} | {sum(en) / len(en):.4f}; "
+                   f"{sum(orc) / len(orc):.4f} | {cost.get('macs_per_token', '-')} | "
+                   f"{cost.get('bytes_per_layer', '-')} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] not in ("quality", "targets", "errors", "study"):
+        raise SystemExit("usage: python -m base_sglang.calibration.tables quality|targets|errors|study "
+                         "FILE.json...")
+    results = [_load(p) for p in argv[1:]]
+    if argv[0] in ("targets", "errors"):
+        print((targets if argv[0] == "targets" else errors)(results))
+        return
+    for res in results:
+        print((quality if argv[0] == "quality" else study)(res))
+        print()
+
+
+if __name__ == "__main__":
+    main()
