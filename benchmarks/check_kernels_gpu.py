@@ -97,6 +97,29 @@ def check_selection() -> None:
             record(f"selection/{shape}/T={T}", not bad, cases=5 * 8, failures=bad[:4])
 
 
+def graph_replays(step, budget, trials):
+    """Run step() eagerly for each budget set, capture it once in a CUDA graph (budget is its static
+    buffer), replay it per set; yields (name, replay == eager bit for bit, the replay's outputs)."""
+    eager = {}
+    for name, b in trials.items():
+        budget.copy_(b)
+        eager[name] = [x.clone() for x in step()]
+    budget.fill_(10)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture (allocations, autotuning)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    for name, b in trials.items():
+        budget.copy_(b)
+        g.replay()
+        torch.cuda.synchronize()
+        yield name, all(torch.equal(a, e) for a, e in zip(static, eager[name])), static
+
+
 def check_graph() -> None:
     s = SHAPES["qwen3-30b-a3b"]
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
@@ -114,24 +137,7 @@ def check_graph() -> None:
 
     trials = {"M8": torch.full((T,), 8), "M16": torch.full((T,), 16),
               "mixed_padded": torch.tensor([-1, 4, 12, 30] * 4), "dense": torch.full((T,), E)}
-    eager = {}
-    for name, b in trials.items():
-        budget.copy_(b)
-        eager[name] = [x.clone() for x in step()]
-    budget.fill_(10)
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        step()
-    torch.cuda.current_stream().wait_stream(s_)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static = step()
-    for name, b in trials.items():
-        budget.copy_(b)
-        g.replay()
-        torch.cuda.synchronize()
-        same = all(torch.equal(a, e) for a, e in zip(static, eager[name]))
+    for name, same, static in graph_replays(step, budget, trials):
         nk = int((torch.zeros(E, dtype=torch.bool, device=DEVICE)
                   .scatter_(0, static[0][static[0] >= 0].long(), True)).sum())
         record(f"graph_replay/{name}", same, experts_kept=nk)
@@ -217,25 +223,8 @@ def check_graph_base_plus() -> None:
 
     trials = {"M4": torch.full((T,), 4), "M16": torch.full((T,), 16),
               "mixed_padded": torch.tensor([-1, 4, 12, 30] * 4), "dense": torch.full((T,), E)}
-    eager = {}
-    for name, b in trials.items():
-        budget.copy_(b)
-        eager[name] = [x.clone() for x in step()]
-    budget.fill_(10)
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        step()
-    torch.cuda.current_stream().wait_stream(s_)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static = step()
-    for name, b in trials.items():
-        budget.copy_(b)
-        g.replay()
-        torch.cuda.synchronize()
-        record(f"graph_replay_base_plus/{name}",
-               all(torch.equal(a, e) for a, e in zip(static, eager[name])))
+    for name, same, _static in graph_replays(step, budget, trials):
+        record(f"graph_replay_base_plus/{name}", same)
 
 
 def time_base_plus(out_dir: str) -> None:
@@ -288,7 +277,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus"], help="run one group of sections only")
+    ap.add_argument("--only", choices=["base_plus", "graph"], help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
         global SHAPES, TOKENS
@@ -302,6 +291,8 @@ def main() -> int:
     checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe, *base_plus]
     if args.only == "base_plus":
         checks = base_plus
+    elif args.only == "graph":
+        checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs
         checks = [c for c in checks if c not in (check_graph, check_graph_base_plus)]
     for fn in checks:

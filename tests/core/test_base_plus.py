@@ -133,23 +133,6 @@ def test_dense_budget_is_the_identity(budget, alpha, norm_topk):
     assert torch.equal(sel.ids, r[1]) and torch.equal(sel.weights, r[2])
 
 
-@pytest.mark.parametrize("policy", ["base_plus", "base", "oracle", "oea", "gate_sum", "frequency",
-                                    "lynx"])
-@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
-def test_partial_renorm_is_fixed_shape_without_host_sync(policy, alpha):
-    """On the meta device any .item(), nonzero or unique raises: partial must stay graph-safe."""
-    meta = torch.device("meta")
-    pred = make_predictor(E, H, K).to(meta)
-    sel = select_experts(
-        torch.empty(T, E, device=meta), torch.empty(T, K, dtype=torch.int32, device=meta),
-        torch.empty(T, K, device=meta), torch.empty(T, H, device=meta),
-        torch.empty(T, dtype=torch.int64, device=meta), 0,
-        SelectionConfig(policy=policy, renorm="partial", renorm_alpha=alpha), pred,
-        norm_topk_prob=False, routed_norms=torch.empty(T, K, device=meta))
-    assert sel.ids.shape == (T, K) and sel.ids.dtype == torch.int32
-    assert sel.weights.shape == (T, K) and sel.stats.num_kept.shape == ()
-
-
 @pytest.mark.parametrize("alpha", [-0.1, 1.0001, 2.0, math.nan, math.inf, -math.inf])
 def test_renorm_alpha_out_of_range_names_the_field(alpha):
     with pytest.raises(ValueError, match="renorm_alpha"):

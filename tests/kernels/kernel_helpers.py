@@ -34,3 +34,36 @@ def experts(E: int, H: int, I: int, *, seed: int = 0):  # noqa: E741
     gate_up = (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).bfloat16().to(DEVICE)
     down = (torch.randn(E, H, I, generator=g) * I ** -0.5).bfloat16().to(DEVICE)
     return gate_up, down
+
+
+W_ATOL = {torch.float32: 1e-6, torch.bfloat16: 2.0 ** -8}  # fp32 rounding / one bf16 ulp below 1
+
+
+def compare_with_core(T, E, K, budget, *, policy="base", renorm="native", alpha=0.5, seed=0, norm=True,
+                      id_dtype=torch.int64, w_dtype=torch.float32, backfill=True, one_expert=False,
+                      H=24):
+    """base_select_experts == the core's select_experts on one random routing: ids exact, weights to
+    float rounding, the same statistics, rows the selection left alone keep their weights bit-exactly.
+    Returns (the kernel's Selection, (logits, ids, weights))."""
+    from base_sglang.core import SelectionConfig, select_experts
+    from base_sglang.kernels import base_select_experts
+
+    logits, ids, w = routing(T, E, K, seed=seed, norm=norm, id_dtype=id_dtype, one_expert=one_expert)
+    w = w.to(w_dtype)
+    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
+    pred = predictor(E, H, seed=seed)
+    cfg = SelectionConfig(policy=policy, renorm=renorm, renorm_alpha=alpha, backfill=backfill)
+    b = torch.as_tensor(budget).to(DEVICE)
+    args = (logits, ids, w, hidden.to(DEVICE), b, 0, cfg, pred)
+    want = select_experts(*args, norm_topk_prob=norm)
+    got = base_select_experts(*args, norm_topk_prob=norm)
+    assert got.ids.dtype == ids.dtype and got.weights.dtype == w.dtype
+    assert torch.equal(got.ids, want.ids), (got.ids, want.ids)
+    torch.testing.assert_close(got.weights.float(), want.weights.float(), rtol=0,
+                               atol=W_ATOL[w_dtype])
+    assert int(got.stats.num_union) == int(want.stats.num_union)
+    assert int(got.stats.num_kept) == int(want.stats.num_kept)
+    torch.testing.assert_close(got.stats.removed_cost, want.stats.removed_cost, rtol=1e-5, atol=1e-6)
+    unchanged = (got.ids == ids).all(1) & (b >= 0)  # [T] rows the selection left alone
+    assert torch.equal(got.weights[unchanged], w[unchanged])
+    return got, (logits, ids, w)

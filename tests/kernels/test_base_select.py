@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, predictor, routing
+from kernel_helpers import DEVICE, compare_with_core, predictor, routing
 
 from base_sglang.core import SelectionConfig, select_experts
 from base_sglang.core.selection import _batch_score, top_m_mask
@@ -12,23 +12,8 @@ H = 24
 W_ATOL = 1e-6  # fp32 softmax/renorm in both; only rounding differs
 
 
-def compare(T, E, K, budget, *, seed=0, one_expert=False, id_dtype=torch.int64, renorm="native",
-            backfill=True, norm=True):
-    logits, ids, w = routing(T, E, K, seed=seed, one_expert=one_expert, norm=norm, id_dtype=id_dtype)
-    hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
-    pred = predictor(E, H, seed=seed)
-    cfg = SelectionConfig(policy="base", renorm=renorm, backfill=backfill)
-    b = torch.as_tensor(budget).to(DEVICE)
-    args = (logits, ids, w, hidden.to(DEVICE), b, 0, cfg, pred)
-    want = select_experts(*args, norm_topk_prob=norm)
-    got = base_select_experts(*args, norm_topk_prob=norm)
-    assert got.ids.dtype == ids.dtype and got.weights.dtype == w.dtype
-    assert torch.equal(got.ids, want.ids), (got.ids, want.ids)
-    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=W_ATOL)
-    assert int(got.stats.num_union) == int(want.stats.num_union)
-    assert int(got.stats.num_kept) == int(want.stats.num_kept)
-    torch.testing.assert_close(got.stats.removed_cost, want.stats.removed_cost, rtol=1e-5, atol=1e-6)
-    return got
+def compare(T, E, K, budget, **kw):
+    return compare_with_core(T, E, K, budget, policy="base", H=H, **kw)[0]
 
 
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
