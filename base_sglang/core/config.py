@@ -38,7 +38,7 @@ class SelectionConfig:
     skip_layers: layer ids left dense (ablation).
     """
 
-    policy: str = "base"
+    policy: str = "base"  # the paper's BASE; engine, server and plugin default to DEFAULT_POLICY
     backfill: bool = True
     renorm: str = "native"
     renorm_alpha: float = 0.5
