@@ -177,3 +177,25 @@ def test_streamed_chunks_are_json(server):
         assert r.status_code == 200 and r.headers["x-expert-max-error"] == "0.5"
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and all(json.loads(e) for e in events[:-1])
+
+
+def test_the_shipped_proxy_under_bounds(proxy_server):
+    """base-serve's defaults (the shipped proxy, base_plus, its calibrated predictor): bound 0 is
+    the dense greedy output, a looser bound executes fewer experts, bound 1 capped at 1 runs one."""
+    c = OpenAI(base_url=f"{proxy_server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    E = proxy_server.backend.num_experts
+
+    def run(budget):
+        r = c.completions.create(model="proxy-moe", prompt="def fibonacci(n):", max_tokens=12,
+                                 temperature=0, extra_body={"expert_budget": budget,
+                                                            "ignore_eos": True})
+        return r.choices[0].text, r.usage.model_extra
+
+    dense_text, dense = run("dense")
+    text0, bound0 = run({"max_error": 0})
+    assert text0 == dense_text and bound0["expert_budget"] == {"max_error": 0.0, "max_experts": E}
+    assert bound0["experts_per_layer"] == dense["experts_per_layer_dense"]  # alone: all routed
+    _, loose = run({"max_error": 0.2})
+    assert 1 <= loose["experts_per_layer"] < dense["experts_per_layer_dense"]
+    _, one = run({"max_error": 1, "max_experts": 1})
+    assert one["experts_per_layer"] == 1.0
