@@ -1,8 +1,9 @@
 """The contract between the HTTP server and its serving backends (native engine, SGLang).
 
 The server builds a `SamplingParams` and a budget (an int in 1..E, E = dense, and an optional
-error bound; see core.budget.resolve_request_budget) for each request and hands them to a `Backend`, which streams
-`RequestOutput` deltas back. Neither backend imports the other; both import this module.
+error bound; see core.budget.resolve_request_budget) for each request and hands them to a
+`Backend`, which streams `RequestOutput` deltas back. Neither backend imports the other; both
+import this module.
 """
 
 from __future__ import annotations
