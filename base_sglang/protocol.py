@@ -1,8 +1,9 @@
 """The contract between the HTTP server and its serving backends (native engine, SGLang).
 
-The server builds a `SamplingParams` and a budget (an int in 1..E, E = dense; see
-core.budget.resolve_budget) for each request and hands them to a `Backend`, which streams
-`RequestOutput` deltas back. Neither backend imports the other; both import this module.
+The server builds a `SamplingParams` and a budget (an int in 1..E, E = dense, and an optional
+error bound; see core.budget.resolve_request_budget) for each request and hands them to a
+`Backend`, which streams `RequestOutput` deltas back. Neither backend imports the other; both
+import this module.
 """
 
 from __future__ import annotations
@@ -268,8 +269,12 @@ class Backend(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
+    # budget: an int 1..E; max_error: an error-targeted bound in [0, 1] with budget as its cap
+    # (core.budget.resolve_request_budget), passed only when set; a backend without bounds
+    # raises ValueError "expert_budget.max_error: ..."
     def generate(self, prompt_ids: list[int], params: SamplingParams, budget: int,
-                 request_id: str) -> AsyncIterator[RequestOutput]: ...
+                 request_id: str, max_error: float | None = None
+                 ) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
     def abort_all(self, error: str) -> int: ...  # end every live request with `error`; -> count
     # compile params.response_format ahead of generate (blocking: called in a worker thread);

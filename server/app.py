@@ -122,7 +122,9 @@ def _openapi(app: FastAPI) -> dict:
 
 def _budget_schema(prop: dict, lo: int, hi: int, num_experts: int, pattern: str) -> None:
     """The budget field's schema for this server: integers lo..min(hi, E), the strings of them,
-    and "dense" where the range reaches E."""
-    number, text, _ = prop["anyOf"]
+    and "dense" where the range reaches E; the error-targeted object's cap up to min(hi, E)."""
+    number, text, *rest = prop["anyOf"]  # [..., the error-targeted object (requests), null]
     number.update(minimum=lo, maximum=min(hi, num_experts))
     text["pattern"] = pattern if hi >= num_experts else pattern.replace("[Dd][Ee][Nn][Ss][Ee]|", "")
+    for bound in rest[:-1]:
+        bound["properties"]["max_experts"].update(maximum=min(hi, num_experts))

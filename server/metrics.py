@@ -5,7 +5,8 @@ exactly one base_requests_total{endpoint,status}; every request the backend admi
 once in base_request_finish_total{reason} (stop, length, abort, error). So, per generation route,
 requests = admitted + rejected, with admitted = the finish total and rejected = the 4xx answers
 other than 499 (400, 401, 404, 413) and 503.
-Budgets are labelled as clients write them: "dense" or the number (core.budget.budget_label).
+Budgets are labelled as clients write them: "dense" or the number (core.budget.budget_label);
+every error-targeted request is labelled "max_error" (core.budget.BOUNDED_LABEL), whatever its bound.
 """
 
 from __future__ import annotations

@@ -26,6 +26,19 @@ BUDGET_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1},
                  "description": BUDGET_DOC}
 # int 1..E or "dense" (the range against E and the server's limits is checked per request)
 Budget = Annotated[Any, WithJsonSchema(BUDGET_SCHEMA)]
+BOUND_SCHEMA = {
+    "type": "object", "required": ["max_error"], "additionalProperties": False,
+    "description": "error-targeted budget (native backend, policies base_plus / base / oracle): "
+                   "each decode step runs the smallest expert budget that keeps this request's "
+                   "predicted relative removal error per MoE layer within max_error, at most "
+                   "max_experts (default: the server's largest budget); BENCHMARKS.md calibrates "
+                   "the bound against measured perplexity",
+    "properties": {"max_error": {"type": "number", "minimum": 0, "maximum": 1},
+                   "max_experts": {"type": "integer", "minimum": 1}}}
+REQUEST_BUDGET_SCHEMA = {"anyOf": [*BUDGET_SCHEMA["anyOf"][:2], BOUND_SCHEMA, {"type": "null"}],
+                         "description": BUDGET_DOC + "; or an error-targeted budget object"}
+# Budget, or {"max_error": 0..1, "max_experts": 1..E} (checked per request: E, the policy)
+RequestBudget = Annotated[Any, WithJsonSchema(REQUEST_BUDGET_SCHEMA)]
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 Prompt = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "string", "minLength": 1},
@@ -152,13 +165,13 @@ class _Sampling(BaseModel):
         "vLLM/SGLang extension over prompt and output tokens; 1 = off"))
     logit_bias: LogitBias = None
     response_format: ResponseFormatBody = None
-    expert_budget: Budget = None
+    expert_budget: RequestBudget = None
     user: str | None = None
 
     @field_validator("expert_budget")
     @classmethod
     def _budget(cls, v):
-        if v is not None:
+        if v is not None and not isinstance(v, dict):  # an object: core.budget, per request
             parse_budget(v, BUDGET_FIELD)  # the syntax; E and the server's range per request
         return v
 
@@ -340,11 +353,17 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class BoundedBudget(BaseModel):
+    max_error: float  # the bound on the predicted relative removal error per MoE layer
+    max_experts: int  # its cap: experts per layer per step
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    expert_budget: int | str  # the applied request budget ("dense" or experts per layer per step)
+    # the applied request budget: "dense", experts per layer per step, or the bound with its cap
+    expert_budget: int | str | BoundedBudget
     experts_per_layer: float | None = None  # mean distinct experts executed per MoE layer and step
     experts_per_layer_dense: float | None = None  # the same, had the steps run dense
 

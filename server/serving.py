@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from base_sglang.core.budget import BUDGET_HEADER, budget_label
+from base_sglang.core.budget import (
+    BOUNDED_LABEL,
+    BUDGET_HEADER,
+    MAX_ERROR_HEADER,
+    request_budget_label,
+)
 from base_sglang.protocol import (
     SHUTTING_DOWN,
     QueueFull,
@@ -59,10 +64,11 @@ class Job:
     request: Request
     endpoint: str  # "completions" | "chat"
     rid: str
-    budget: int  # 1..E (E = dense)
+    budget: int  # 1..E (E = dense); with max_error, the cap
     prompts: list[list[int]]
     params: SamplingParams
     started: float
+    max_error: float | None = None  # error-targeted budget (core.error_budget), or None
     streams: list = field(default_factory=list)
     results: list[Result] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -79,12 +85,21 @@ class Job:
         return self.request.app.state.backend
 
     @property
-    def label(self) -> int | str:
-        return budget_label(self.budget, self.backend.num_experts)
+    def label(self) -> int | str | dict:
+        """The applied budget as clients see it: "dense", the int, or the bound with its cap."""
+        return request_budget_label(self.budget, self.backend.num_experts, self.max_error)
+
+    @property
+    def metrics_label(self) -> int | str:
+        return BOUNDED_LABEL if self.max_error is not None else self.label
 
     @property
     def headers(self) -> dict[str, str]:
-        return {BUDGET_HEADER: str(self.label)}
+        """The applied budget (a bounded request: its cap, and the bound in its own header)."""
+        if self.max_error is None:
+            return {BUDGET_HEADER: str(self.label)}
+        cap = request_budget_label(self.budget, self.backend.num_experts)
+        return {BUDGET_HEADER: str(cap), MAX_ERROR_HEADER: repr(self.max_error)}
 
     def observe(self, p: int, out: RequestOutput) -> int:
         """Fold one output of prompt p into its choice and the latency histograms (time to first
@@ -120,8 +135,8 @@ class Job:
                 reason = lasts[0].finish_reason
         prompt = sum(len(p) for p in self.prompts)
         completion = sum(len(r.token_ids) for r in self.results)
-        self.request.app.state.metrics.observe_finish(reason, self.label, prompt, completion,
-                                                      time.monotonic() - self.started)
+        self.request.app.state.metrics.observe_finish(reason, self.metrics_label, prompt,
+                                                      completion, time.monotonic() - self.started)
 
     def usage(self) -> dict:
         """OpenAI's usage: each prompt counted once, the tokens of every returned choice."""
@@ -176,7 +191,7 @@ async def start(request: Request, body, endpoint: str, prompts: Callable, params
     backend = request.app.state.backend
     if endpoint != "generate":  # SGLang's /generate has no model field (a router's is ignored)
         check_model(request, body.model)
-    budget = resolve_budget(request, body.expert_budget)
+    budget, max_error = resolve_budget(request, body.expert_budget)
     ids = await prompts()
     limits = request.app.state.limits
     field_name = PROMPT_FIELDS[endpoint]
@@ -196,14 +211,16 @@ async def start(request: Request, body, endpoint: str, prompts: Callable, params
         except ValueError as exc:
             raise APIError.from_value_error(ValueError(rename(str(exc)))) from exc
     prefix = {"completions": "cmpl", "chat": "chatcmpl"}.get(endpoint, endpoint)
-    job = Job(request, endpoint, f"{prefix}-{uuid.uuid4().hex}", budget, ids, sp, started)
+    job = Job(request, endpoint, f"{prefix}-{uuid.uuid4().hex}", budget, ids, sp, started,
+              max_error)
     job.results = [Result() for _ in range(len(ids) * sp.n)]
     job._last_token_at = [None] * len(job.results)
     job._first_token_seen = [False] * len(ids)
     submitted = []
+    bound = {} if max_error is None else {"max_error": max_error}  # backends without bounds: none
     try:
         for i, p in enumerate(ids):
-            job.streams.append(backend.generate(p, sp, budget, f"{job.rid}-{i}"))
+            job.streams.append(backend.generate(p, sp, budget, f"{job.rid}-{i}", **bound))
             submitted.append(f"{job.rid}-{i}")
     except (ValueError, QueueFull) as exc:
         for rid in submitted:

@@ -54,14 +54,15 @@ class AsyncLLMEngine:
     def num_live(self) -> int:
         return len(self._streams)
 
-    def generate(self, prompt_ids: list[int], params, budget: int | str | None,
-                 request_id: str) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt_ids: list[int], params, budget: int | str | dict | None,
+                 request_id: str, max_error: float | None = None) -> AsyncIterator[RequestOutput]:
         """Submit now and return the request's output stream (ends with the finished output).
 
-        Raises ValueError (naming the field) or QueueFull right away. Leaving the stream early
-        aborts the request; a stream that is never iterated must be given to abort().
+        budget, max_error: as LLMEngine.add_request. Raises ValueError (naming the field) or
+        QueueFull right away. Leaving the stream early aborts the request; a stream that is never
+        iterated must be given to abort().
         """
-        budget = self.engine.resolve_budget(budget)
+        budget, max_error = self.engine.resolve_request_budget(budget, max_error)
         self.engine.validate(prompt_ids, params)
         if self.num_live >= self.capacity:
             raise QueueFull(f"the server is at capacity ({self.capacity} requests)")
@@ -69,7 +70,7 @@ class AsyncLLMEngine:
             raise ValueError(f"request_id: {request_id!r} is already running")
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
-        self._send(("add", request_id, prompt_ids, params, budget))
+        self._send(("add", request_id, prompt_ids, params, budget, max_error))
         return self._stream(request_id, q, params.n)
 
     async def _stream(self, request_id: str, q: asyncio.Queue,
@@ -140,9 +141,10 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, prompt_ids, params, budget = cmd
+                _, rid, prompt_ids, params, budget, max_error = cmd
                 try:
-                    self.engine.add_request(prompt_ids, params, budget, request_id=rid)
+                    self.engine.add_request(prompt_ids, params, budget, request_id=rid,
+                                            max_error=max_error)
                 except (ValueError, QueueFull) as exc:
                     self._deliver(rid, exc)
             else:

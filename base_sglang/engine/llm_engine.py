@@ -9,7 +9,7 @@ import uuid
 
 import torch
 
-from ..core.budget import BUDGET_FIELD, resolve_budget
+from ..core.budget import BUDGET_FIELD, resolve_budget, resolve_request_budget
 from ..hf import eos_token_ids
 from ..protocol import RequestOutput
 from .config import EngineConfig
@@ -54,16 +54,17 @@ class LLMEngine:
         torch.manual_seed(config.seed)
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params, budget: int | str | None = None,
-                    request_id: str | None = None) -> str:
+    def add_request(self, prompt: str | list[int], params, budget: int | str | dict | None = None,
+                    request_id: str | None = None, max_error: float | None = None) -> str:
         """Queue a request (its n or best_of choices); raises ValueError naming the field, or
         QueueFull.
 
-        budget: experts per MoE layer per decode step, an int 1..E or "dense"; None = the
-        engine's default_budget.
+        budget: experts per MoE layer per decode step, an int 1..E or "dense", or an
+        error-targeted budget {"max_error": 0..1, "max_experts": 1..E}; None = the engine's
+        default_budget. max_error: the same bound given beside an int budget (its cap).
         """
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        budget = self.resolve_budget(budget)
+        budget, max_error = self.resolve_request_budget(budget, max_error)
         self.validate(prompt_ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         group: list[Sequence] = []
@@ -72,7 +73,7 @@ class LLMEngine:
                        if params.response_format is not None else None)
             Sequence(rid, prompt_ids, params, budget, Detokenizer(self.tokenizer, params.stop),
                      generator=self._generator(params.seed, i), index=i, group=group,
-                     grammar=grammar)
+                     grammar=grammar, max_error=max_error)
         self.scheduler.add(group)
         return rid
 
@@ -87,6 +88,19 @@ class LLMEngine:
         if budget is None:
             return self.default_budget
         return resolve_budget(budget, BUDGET_FIELD, self.num_experts)
+
+    def resolve_request_budget(self, budget, max_error: float | None = None
+                               ) -> tuple[int, float | None]:
+        """Either budget form (see add_request) -> (int 1..E, max_error or None). A max_error given
+        beside budget bounds it, with budget (None = E) as the cap."""
+        if max_error is not None:
+            if isinstance(budget, dict):
+                raise ValueError(f"{BUDGET_FIELD}: max_error is given twice")
+            cap = {} if budget is None else {"max_experts": self.resolve_budget(budget)}
+            budget = {"max_error": max_error, **cap}
+        if budget is None:
+            return self.default_budget, None
+        return resolve_request_budget(budget, BUDGET_FIELD, self.num_experts, self.config.policy)
 
     def validate(self, prompt_ids: list[int], params) -> None:
         """Raise ValueError naming the field for anything this engine cannot serve (compiles the
@@ -258,7 +272,7 @@ class LLMEngine:
         return None
 
     # ---- offline use -------------------------------------------------------------------------
-    def generate(self, prompts: list[str | list[int]], params, budget: int | None = None):
+    def generate(self, prompts: list[str | list[int]], params, budget=None):
         """Run prompts to completion; returns [(token ids, text, last output)] in prompt order
         (choice 0 of each; see generate_choices for all n)."""
         return [choices[0] for choices in self.generate_choices(prompts, params, budget)]

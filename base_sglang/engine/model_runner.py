@@ -82,12 +82,11 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         pos = torch.tensor([[s.num_tokens - 1] for s in seqs], device=self.device)  # [B, 1]
         budget = torch.tensor([s.budget for s in seqs], device=self.device)  # [B]
-        # the kept set is the whole union when M >= E or M >= every routed pair (B * K)
-        noop = max(s.budget for s in seqs) >= min(self.num_experts, len(seqs) * self.patch.top_k)
+        noop, max_error = self._step_budgets(seqs)
         mask = self.kv.attention_mask(1, self.device)  # [B, S + 1]
         self.kv.snapshot()
         try:
-            with decode_step(budget, skip_selection=noop) as step:
+            with decode_step(budget, skip_selection=noop, max_error=max_error) as step:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=self.kv.cache, use_cache=True, logits_to_keep=1)
         except BaseException:
@@ -95,12 +94,27 @@ class ModelRunner:
             raise
         return out.logits[:, -1], step  # [B, V]
 
+    def _step_budgets(self, seqs: list[Sequence]) -> tuple[bool, torch.Tensor | None]:
+        """(skip_selection, max_error [B] or None) of a decode batch.
+
+        The step runs the largest request, so the kept set is the whole union when an unbounded
+        row's budget reaches E or every routed pair (B * K); a bounded row's budget is only its
+        cap (its M is picked per layer on the device), so it never implies that. The per-row
+        bounds (NaN = none) go to the core only when some row has one and the step selects.
+        """
+        full = min(self.num_experts, len(seqs) * self.patch.top_k)
+        noop = max((s.budget for s in seqs if s.max_error is None), default=0) >= full
+        if noop or all(s.max_error is None for s in seqs):
+            return noop, None
+        bounds = [float("nan") if s.max_error is None else s.max_error for s in seqs]
+        return False, torch.tensor(bounds, device=self.device)  # [B]
+
     def release(self, rows: list[int]) -> None:
         self.kv.release(rows)
 
     def _decode_stats(self, seqs, step, duration: float) -> StepStats:
         E = self.num_experts
-        budgets = tuple(min(s.budget, E) for s in seqs)
+        budgets = tuple(min(s.budget, E) for s in seqs)  # a bounded row: its cap
         per_layer = [step.stats[layer] for layer in self.moe_layers if layer in step.stats]
         routed = torch.stack([s.num_union for s in per_layer]).tolist() if per_layer else []
         kept = torch.stack([s.num_kept for s in per_layer]).tolist() if per_layer else []

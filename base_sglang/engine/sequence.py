@@ -27,12 +27,13 @@ class Sequence:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    budget: int  # experts per MoE layer per decode step; >= E means dense
+    budget: int  # experts per MoE layer per decode step; >= E means dense (a bounded row's cap)
     detokenizer: Detokenizer
     generator: torch.Generator | None = None
     index: int = 0  # choice index within the request
     group: list[Sequence] = field(default_factory=list, repr=False)  # every choice of the request, by index
     grammar: Any = None  # engine.grammar.Grammar (constrained decoding) or None
+    max_error: float | None = None  # error-targeted budget: bound in [0, 1] (core.error_budget)
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None

@@ -12,8 +12,9 @@ class StepStats:
     batch_size: int  # requests in the step
     num_tokens: int  # tokens forwarded (prefill: prompt tokens without padding)
     duration_s: float
-    budgets: tuple[int, ...] = ()  # decode: each row's budget, capped at E (E = dense)
-    batch_budget: int | None = None  # decode: max over rows (E = dense)
+    budgets: tuple[int, ...] = ()  # decode: each row's budget, capped at E (E = dense; bounded: cap)
+    batch_budget: int | None = None  # decode: max over rows (E = dense; bounded rows: their caps,
+    # an upper bound on the M their bounds pick per layer; experts_executed is what ran)
     experts_routed: tuple[int, ...] = ()  # decode: distinct experts routed per MoE layer (before)
     experts_executed: tuple[int, ...] = ()  # decode: distinct experts executed per MoE layer (after)
     removed_cost: float = 0.0  # decode: predicted removal cost of the dropped experts, all layers

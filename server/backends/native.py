@@ -32,8 +32,8 @@ class NativeBackend:
     async def stop(self) -> None:
         self.async_engine.stop()
 
-    def generate(self, prompt_ids, params, budget, request_id):
-        return self.async_engine.generate(prompt_ids, params, budget, request_id)
+    def generate(self, prompt_ids, params, budget, request_id, max_error=None):
+        return self.async_engine.generate(prompt_ids, params, budget, request_id, max_error)
 
     def abort(self, request_id: str) -> None:
         self.async_engine.abort(request_id)

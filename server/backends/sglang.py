@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from base_sglang.core import Predictor
-from base_sglang.core.budget import resolve_budget
+from base_sglang.core.budget import BUDGET_FIELD, resolve_budget
 from base_sglang.plugin.budget import BUDGET_KEY
 from base_sglang.plugin.checks import check_server_args
 from base_sglang.protocol import JSON_OBJECT_SCHEMA, SEED_STRIDE, RequestOutput, TokenLogprob
@@ -50,7 +50,8 @@ class SGLangBackend:
     async def stop(self) -> None:
         self.engine.shutdown()
 
-    def generate(self, prompt_ids, params, budget, request_id):
+    def generate(self, prompt_ids, params, budget, request_id, max_error=None):
+        refuse_max_error(max_error)
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
         if len(prompt_ids) + max(params.max_tokens, 1) > self.max_model_len:
@@ -144,6 +145,14 @@ def choice_seed(seed: int | None, index: int) -> int | None:
         return None
     s = (seed + index * SEED_STRIDE) % 2**64
     return s - 2**64 if s >= 2**63 else s
+
+
+def refuse_max_error(max_error: float | None) -> None:
+    """The plugin reads only an expert count: an error-targeted budget is refused, naming it."""
+    if max_error is not None:
+        raise ValueError(f"{BUDGET_FIELD}.max_error: error-targeted budgets are not supported by "
+                         f"the sglang backend; the native backend (--backend native) supports "
+                         f"them (send an expert count here)")
 
 
 def _custom(budget: int | None) -> dict:

@@ -375,3 +375,28 @@ def test_a_grammar_sglang_refuses_is_a_400(plugin_env, tiny_model):
             "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     assert "Invalid grammar" in r.json()["error"]["message"]
+
+
+def test_error_targeted_budgets_are_refused_over_sglang(plugin_env, tiny_model):
+    """The plugin reads expert counts only: a bounded request is a 400 naming the field (and the
+    native backend), before anything reaches SGLang; expert counts still go through."""
+    from transformers import AutoTokenizer
+
+    engine = FakeEngine(AutoTokenizer.from_pretrained(tiny_model))
+    be, client = _app(engine, tiny_model)
+    with client:
+        for path, body in (("/v1/completions", {"prompt": "hi"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+            for stream in (False, True):
+                r = client.post(path, json={"model": "tiny", "max_tokens": 2, "stream": stream,
+                                            "expert_budget": {"max_error": 0.05}, **body})
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == "expert_budget.max_error"
+                assert "native backend" in err["message"]
+        assert engine.calls == []
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2,
+                                                 "expert_budget": 3})
+        assert r.status_code == 200 and engine.calls[-1]["sampling_params"]["custom_params"] \
+            == {"expert_budget": 3}
+    with pytest.raises(ValueError, match="^expert_budget.max_error: .*not supported by the sglang"):
+        be.generate([1, 2], SamplingParams(), 3, "r", max_error=0.1)
