@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .config import ERROR_POLICIES
+
 BUDGET_HEADER = "X-Expert-Budget"
 MAX_ERROR_HEADER = "X-Expert-Max-Error"  # response only: the bound of an error-targeted budget
 BUDGET_FIELD = "expert_budget"
 DENSE_LABEL = "dense"
 BOUND_KEYS = ("max_error", "max_experts")
 BOUNDED_LABEL = "max_error"  # the metrics label of every bounded request (labels stay bounded)
-ERROR_POLICIES = ("base_plus", "base", "oracle")  # policies with a removal cost to bound
 
 
 def parse_budget(value: Any, field: str) -> int | str:

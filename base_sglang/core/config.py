@@ -11,6 +11,8 @@ DEFAULT_POLICY = "base_plus"
 RENORM_MODES = ("native", "always", "never", "partial")
 # policies whose kept-set size is the batch budget M (the others use their own knobs)
 BUDGETED_POLICIES = ("base_plus", "base", "oracle", "exfold", "gate_sum", "frequency")
+# policies with a removal cost that an error-targeted budget (max_error) can bound
+ERROR_POLICIES = ("base_plus", "base", "oracle")
 # policies that read calibration statistics (the predictor file)
 STAT_POLICIES = {"base_plus": "predictor", "base": "predictor", "sere": "sere_sim",
                  "exfold": "exfold_coef", "frequency": "expert_freq"}

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .config import SelectionConfig
+from .config import ERROR_POLICIES, SelectionConfig
 from .error_budget import error_budgets, score_rank
 from .predictor import Predictor
 
@@ -175,9 +175,9 @@ def _error_cost(policy, pred_c, pred_d, w, ids, valid, E, routed_norms):
             raise ValueError("oracle: routed_norms (true expert output norms [T, K]) are required")
         cost = w.square() * routed_norms.float().square()  # [T, K]
         return cost, _batch_score(ids, cost, valid, E)
-    if policy not in ("base", "base_plus"):
-        raise ValueError(f"max_error: error-targeted budgets need a removal-cost policy (base_plus, "
-                         f"base, oracle), not {policy!r}")
+    if policy not in ERROR_POLICIES:
+        raise ValueError(f"max_error: error-targeted budgets need a removal-cost policy "
+                         f"({', '.join(ERROR_POLICIES)}), not {policy!r}")
     if pred_c is None:
         raise ValueError(f"max_error: policy {policy!r} needs a predictor and hidden_states to "
                          f"predict the error")

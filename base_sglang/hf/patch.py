@@ -145,13 +145,11 @@ class MoEPatch:
             if self.config.policy == "oracle":
                 ex = block.experts
                 norms = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj, ex.act_fn)
-            select, extra = self._select, {}
-            if step.max_error is not None:  # error-targeted budgets: the core's path
-                select, extra = select_experts, {"max_error": step.max_error}
-            sel = select(
+            sel = self._select(  # with max_error the Triton path hands the call to the core
                 logits.reshape(x.shape[0], -1), ids.reshape(x.shape[0], -1),
                 weights.reshape(x.shape[0], -1), x, step.budget, layer_id, self.config,
-                self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms, **extra)
+                self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms,
+                max_error=step.max_error)
             step.stats[layer_id] = sel.stats
             step.ids[layer_id] = sel.ids
             if self.config.policy == "dense" or layer_id in self.config.skip_layers:
