@@ -1,5 +1,10 @@
 """HTTP routes. Every /v1 route documents the error answers it can give (OpenAI's error body)."""
 
+from typing import Annotated
+
+from fastapi import Header
+
+from base_sglang.core.budget import BUDGET_HEADER
 from base_sglang.server.schemas import ErrorResponse
 
 ERROR_RESPONSES = {
@@ -13,3 +18,6 @@ ERROR_RESPONSES = {
 budget_header_doc = ("experts each MoE layer may execute per decode step for this request: an "
                      "integer 1..E or \"dense\" (the body field expert_budget wins)")
 BUDGET_HEADER_SCHEMA = {"pattern": "^\\s*([Dd][Ee][Nn][Ss][Ee]|[+]?[0-9]+)\\s*$"}
+# the X-Expert-Budget request header of the generation routes (documented; read by deps.resolve_budget)
+BudgetHeader = Annotated[str, Header(alias=BUDGET_HEADER, description=budget_header_doc,
+                                     json_schema_extra=BUDGET_HEADER_SCHEMA)]

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.core.budget import BUDGET_HEADER
 from base_sglang.server import serving
 from base_sglang.server.deps import require_api_key
 from base_sglang.server.errors import APIError
-from base_sglang.server.routes import BUDGET_HEADER_SCHEMA, ERROR_RESPONSES, budget_header_doc
+from base_sglang.server.routes import ERROR_RESPONSES, BudgetHeader
 from base_sglang.server.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -38,9 +36,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
     200: {"content": stream_schema(ChatCompletionChunk)}, **ERROR_RESPONSES})
 async def create_chat_completion(
         body: ChatCompletionRequest, request: Request,
-        x_expert_budget: Annotated[str, Header(
-            alias=BUDGET_HEADER, description=budget_header_doc,
-            json_schema_extra=BUDGET_HEADER_SCHEMA)] = None):
+        x_expert_budget: BudgetHeader = None):
     backend = request.app.state.backend
     tools = ToolSetup.create(body, request.app.state.supports_tools)
 

@@ -10,16 +10,14 @@ sampling_params.custom_params.expert_budget (as the SGLang plugin reads it) or X
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from base_sglang.core.budget import BUDGET_HEADER
 from base_sglang.protocol import ResponseFormat, SamplingParams
 from base_sglang.server import serving
 from base_sglang.server.deps import require_api_key
-from base_sglang.server.routes import BUDGET_HEADER_SCHEMA, ERROR_RESPONSES, budget_header_doc
+from base_sglang.server.routes import ERROR_RESPONSES, BudgetHeader
 from base_sglang.server.schemas_native import GenerateRequest, GenerateSamplingParams
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -37,9 +35,7 @@ _RESPONSES = {200: {"content": {
 @router.post("/generate", responses=_RESPONSES)
 async def generate(
         body: GenerateRequest, request: Request,
-        x_expert_budget: Annotated[str, Header(
-            alias=BUDGET_HEADER, description=budget_header_doc,
-            json_schema_extra=BUDGET_HEADER_SCHEMA)] = None):
+        x_expert_budget: BudgetHeader = None):
     job = await serving.start(request, body, "generate", lambda: _prompt_ids(request, body),
                               lambda ids: sampling_params(body), rename=rename)
     if body.stream:
