@@ -73,11 +73,16 @@ def start_server(model: str, port: int, args) -> subprocess.Popen:
            "--max-running-requests", str(max(args.concurrency)), "--device", "cpu"]
     if args.num_threads:
         cmd += ["--num-threads", str(args.num_threads)]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 300
+    return wait_healthy(subprocess.Popen(cmd), port)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, name: str = "server",
+                 timeout_s: float = 300) -> subprocess.Popen:
+    """Poll /health on loopback until 200; SystemExit when the process dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
+            raise SystemExit(f"{name} exited with {proc.returncode}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
@@ -85,7 +90,7 @@ def start_server(model: str, port: int, args) -> subprocess.Popen:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise SystemExit("server did not become healthy")
+    raise SystemExit(f"{name} did not become healthy")
 
 
 async def one_request(client: httpx.AsyncClient, prompt: str, budget: str, max_tokens: int):

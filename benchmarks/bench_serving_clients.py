@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serving import commit, cpu_name  # noqa: E402
+from bench_serving import commit, cpu_name, wait_healthy  # noqa: E402
 
 from base_sglang.engine.config import DEFAULT_MODEL_DIR  # noqa: E402
 
@@ -56,19 +56,7 @@ def start_server(port: int, args) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "base_sglang.server", "--port", str(port), "--served-model-name",
            MODEL, "--num-threads", str(args.num_threads), "--log-level", "warning",
            "--max-running-requests", str(max(16, max(args.concurrency)))]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"base-serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("base-serve did not become healthy")
+    return wait_healthy(subprocess.Popen(cmd), port, "base-serve")
 
 
 def sharegpt_file(path: Path, n: int = 64) -> Path:

@@ -50,11 +50,7 @@ PROFILE_FILE = "profile_b16.json"
 
 # ---- arguments ----------------------------------------------------------------------------------
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    sgl_extra = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, sgl_extra = argv[:cut], argv[cut + 1:]
+    argv, sgl_extra = common.split_sglang_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="result folder")
     p.add_argument("--routing", choices=tuple(SUMMARY_FILE), default="uniform-random")

@@ -75,11 +75,7 @@ def trace_prefix(out: Path) -> Path:
 
 # ---- arguments ----------------------------------------------------------------------------------
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    sgl_extra = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, sgl_extra = argv[:cut], argv[cut + 1:]
+    argv, sgl_extra = common.split_sglang_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size (1: one GPU)")
     p.add_argument("--agree-batches", type=int, nargs="*", default=[11, 27, 50],

@@ -65,6 +65,15 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
+def split_sglang_args(argv) -> tuple[list[str], list[str]]:
+    """(this script's arguments, the ones after `--`, which go to SGLang's ServerArgs unchanged)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def write_dummy_model_dir(path: str | Path, config: dict | None = None) -> Path:
     """A model dir for `--load-format dummy`: config.json and a word-level tokenizer over the whole
     vocabulary (token i is the word "t<i>"), so that every id a dummy model samples decodes to text
