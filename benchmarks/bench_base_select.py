@@ -2,10 +2,12 @@
 
     python benchmarks/bench_base_select.py --out benchmarks/results
 Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 16 (M = 4 for E = 8):
-  score_us    base_score (routed predictor rows, cost per pair)
-  select_us   base_select (batch score, top-M, backfill, weights)
-  triton_us   base_select_experts = both launches (what an engine calls), PDL on (the default);
-              triton_nopdl_us the same with BASE_PDL=0
+  triton_us   base_select_experts as an engine calls it (the default: base_fused_select, one
+              cooperative launch with PDL); triton_nopdl_us the same with BASE_PDL=0;
+              fused_nocoop_us base_fused_select as a plain (non-cooperative) launch
+  two_us      the previous default, BASE_SELECT_KERNEL=two: base_score then base_select
+              (score_us, select_us: each of those two launches alone)
+  empty_us    an empty Triton kernel launched the same way (PDL on): what one graph node costs
   torch_us    base_sglang.core.select_experts on the same GPU (the pure-torch path), for reference
   dense_us    dense MoE layer time from fused_moe.json in --out (ours and SGLang's, best of both),
               else our fused_moe measured here with its default config
@@ -21,6 +23,8 @@ import sys
 import traceback
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_common import (  # noqa: E402
@@ -33,9 +37,23 @@ from kernel_common import (  # noqa: E402
     write_rows,
 )
 
-from base_sglang.core import SelectionConfig, select_experts  # noqa: E402
+from base_sglang.core import DEFAULT_POLICY, SelectionConfig, select_experts  # noqa: E402
 from base_sglang.kernels import base_score, base_select, base_select_experts, fused_moe  # noqa: E402
+from base_sglang.kernels.base_fused import base_fused_select  # noqa: E402
+from base_sglang.kernels.utils import launch_kwargs, use_pdl  # noqa: E402
 from base_sglang.testing.predictors import random_predictor  # noqa: E402
+
+
+@triton.jit
+def _empty_kernel(x_ptr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def empty_launch(x: torch.Tensor) -> None:
+    pdl = use_pdl(x.device)
+    _empty_kernel[(1,)](x, USE_PDL=pdl, num_warps=4, **launch_kwargs(pdl))
 
 
 def dense_times(out_dir: str) -> dict:
@@ -53,13 +71,16 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,8,16,32,64,128")
+    ap.add_argument("--dense-from", default=None,
+                    help="directory of a fused_moe.json with the dense MoE times (default: --out)")
     args = ap.parse_args()
-    known = dense_times(args.out)
+    known = dense_times(args.dense_from or args.out)
     rows = []
     meta = provenance({"tokens": args.tokens, "budget": "M=16 (M=4 for E=8)",
                        "timing": "CUDA graph of 10 calls, median of 15 replays",
-                       "dense_source": "fused_moe.json (same run)" if known else "fused_moe here"})
-    print(f"{'shape':14} {'T':>4} {'score':>7} {'select':>7} {'triton':>7} {'torch':>7} "
+                       "dense_source": (f"fused_moe.json in {args.dense_from or args.out}" if known
+                                        else "fused_moe here")})
+    print(f"{'shape':14} {'T':>4} {'empty':>6} {'two':>7} {'fused':>7} {'nocoop':>7} {'torch':>7} "
           f"{'dense':>8} {'share':>6}", flush=True)
     for shape in args.shapes.split(","):
         s = SHAPES[shape]
@@ -68,7 +89,7 @@ def main() -> int:
         pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
                                 architecture="synthetic").to(DEVICE)
         a, b = pred.weight[0], pred.bias[0]
-        cfg = SelectionConfig(policy="base")
+        cfg = SelectionConfig(policy=DEFAULT_POLICY)  # what the plugin runs
         experts = None
         for T in [int(x) for x in args.tokens.split(",")]:
             try:
@@ -77,10 +98,18 @@ def main() -> int:
                 bud = torch.full((T,), M, device=DEVICE)
                 cost = base_score(x, r.ids, r.weights, bud, a, b)
                 score_us = graph_time_us(lambda: base_score(x, r.ids, r.weights, bud, a, b, out=cost))  # noqa: B023
-                select_us = graph_time_us(lambda: base_select(cost, r.ids, r.weights, r.logits, bud))  # noqa: B023
+                comb = dict(combine=cfg.combine_mode(s["norm_topk_prob"]), alpha=cfg.renorm_alpha)
+                select_us = graph_time_us(lambda: base_select(cost, r.ids, r.weights, r.logits, bud,  # noqa: B023
+                                                              **comb))  # noqa: B023
                 args_ = (r.logits, r.ids, r.weights, x, bud, 0, cfg, pred)
                 kw = dict(norm_topk_prob=s["norm_topk_prob"])
                 triton_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                os.environ["BASE_SELECT_KERNEL"] = "two"
+                two_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                del os.environ["BASE_SELECT_KERNEL"]
+                nocoop_us = graph_time_us(lambda: base_fused_select(  # noqa: B023
+                    x, r.ids, r.weights, r.logits, bud, a, b, **comb, cooperative=False))  # noqa: B023
+                empty_us = graph_time_us(lambda: empty_launch(bud))  # noqa: B023
                 os.environ["BASE_PDL"] = "0"
                 nopdl_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
                 os.environ["BASE_PDL"] = "1"
@@ -93,12 +122,13 @@ def main() -> int:
                     dense = graph_time_us(lambda: fused_moe(x, r.ids, r.weights, gu, dn))  # noqa: B023
                 share = triton_us / dense
                 rows.append(dict(shape=shape, T=T, M=M, score_us=round(score_us, 2),
-                                 select_us=round(select_us, 2), triton_us=round(triton_us, 2),
-                                 triton_nopdl_us=round(nopdl_us, 2),
+                                 select_us=round(select_us, 2), two_us=round(two_us, 2),
+                                 triton_us=round(triton_us, 2), triton_nopdl_us=round(nopdl_us, 2),
+                                 fused_nocoop_us=round(nocoop_us, 2), empty_us=round(empty_us, 2),
                                  torch_us=round(torch_us, 2), dense_moe_us=round(dense, 2),
                                  share_of_dense=round(share, 4)))
-                print(f"{shape:14} {T:>4} {score_us:>7.1f} {select_us:>7.1f} {triton_us:>7.1f} "
-                      f"{torch_us:>7.1f} {dense:>8.1f} {share:>6.1%}", flush=True)
+                print(f"{shape:14} {T:>4} {empty_us:>6.1f} {two_us:>7.1f} {triton_us:>7.1f} "
+                      f"{nocoop_us:>7.1f} {torch_us:>7.1f} {dense:>8.1f} {share:>6.1%}", flush=True)
                 write_rows(os.path.join(args.out, "base_select.csv"), rows, meta)
             except Exception:
                 traceback.print_exc()

@@ -13,8 +13,12 @@
    and the rows whose ids differ; a CUDA-graph replay of base_plus with changed budgets == eager.
 6. Selection latency (graph replay, median) of base vs base_plus at that shape, M=16: equal within
    noise (the check fails only beyond 1.2x); writes base_plus_latency.csv/.json to --out.
+7. The one-launch selection's grid barrier (base_fused_select): 300 calls alternating grid sizes
+   (T in 1..200, E = 64 / 128) == the core and bitwise equal to the first call of each case; two
+   streams launching concurrently; the plain (non-cooperative) launch == the cooperative one.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
+    --only fused       sections 1, 2, 5 and 7 (the selection kernel)
 """
 
 from __future__ import annotations
@@ -118,6 +122,53 @@ def graph_replays(step, budget, trials):
         g.replay()
         torch.cuda.synchronize()
         yield name, all(torch.equal(a, e) for a, e in zip(static, eager[name])), static
+
+
+def check_fused_barrier() -> None:
+    from base_sglang.kernels.base_fused import base_fused_select
+
+    cases = []
+    for i, (T, shape) in enumerate([(1, "qwen3-30b-a3b"), (16, "qwen3-30b-a3b"), (200, "qwen3-30b-a3b"),
+                                    (7, "olmoe-1b-7b"), (64, "olmoe-1b-7b"), (33, "qwen3-30b-a3b")]):
+        s = SHAPES[shape]
+        E, K, H = s["E"], s["K"], s["H"]
+        pred = make_predictor(E, H, seed=i)
+        r = make_routing(T, E, K, s["norm_topk_prob"], seed=100 + i)
+        hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+        bud = torch.randint(K // 2, E, (T,), device=DEVICE)
+        cfg = SelectionConfig()  # the default policy
+        ref = select_experts(r.logits, r.ids, r.weights, hidden, bud, 0, cfg, pred,
+                             norm_topk_prob=s["norm_topk_prob"])
+        kw = dict(combine=cfg.combine_mode(s["norm_topk_prob"]), alpha=cfg.renorm_alpha)
+        args = (hidden, r.ids, r.weights, r.logits, bud, pred.weight[0], pred.bias[0])
+        first = base_fused_select(*args, **kw)
+        cases.append((args, kw, ref, first))
+    bad = 0
+    for n in range(300):  # consecutive launches with different grids on one stream
+        args, kw, ref, first = cases[(n * 7) % len(cases)]
+        got = base_fused_select(*args, **kw)
+        bad += int(not (torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])))
+    torch.cuda.synchronize()
+    core_ok = all(torch.equal(f[0], ref.ids) and (f[1] - ref.weights).abs().max().item() <= 1e-5
+                  for _, _, ref, f in cases)
+    record("fused/alternating_grids", bad == 0 and core_ok, calls=300, mismatches=bad,
+           first_calls_equal_core=core_ok)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [[], []]
+    for n in range(50):  # two streams, each its own barrier counter
+        for j, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                args, kw, _, _ = cases[(n + 3 * j) % len(cases)]
+                outs[j].append(((n + 3 * j) % len(cases), base_fused_select(*args, **kw)))
+    torch.cuda.synchronize()
+    bad = sum(int(not torch.equal(o[0], cases[c][3][0])) for lst in outs for c, o in lst)
+    record("fused/two_streams", bad == 0, calls=100, mismatches=bad)
+    bad = 0
+    for args, kw, _, first in cases:
+        got = base_fused_select(*args, **kw, cooperative=False)
+        bad += int(not (torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])))
+    torch.cuda.synchronize()
+    record("fused/non_cooperative_equal", bad == 0, cases=len(cases), mismatches=bad)
 
 
 def check_graph() -> None:
@@ -277,7 +328,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph"], help="run one group of sections only")
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused"],
+                    help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
         global SHAPES, TOKENS
@@ -288,13 +340,18 @@ def main() -> int:
         time_base_plus(args.out)
 
     base_plus = [check_base_plus, check_graph_base_plus, latency_base_plus]
-    checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe, *base_plus]
+    checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe, *base_plus,
+              check_fused_barrier]
     if args.only == "base_plus":
         checks = base_plus
+    elif args.only == "fused":
+        checks = [check_selection, check_graph, check_base_plus, check_graph_base_plus,
+                  check_fused_barrier]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs
-        checks = [c for c in checks if c not in (check_graph, check_graph_base_plus)]
+        checks = [c for c in checks if c not in (check_graph, check_graph_base_plus,
+                                                  check_fused_barrier)]
     for fn in checks:
         try:
             fn()

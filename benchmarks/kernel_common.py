@@ -68,7 +68,7 @@ def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # capture on the warm-up stream, as SGLang does
         for _ in range(inner):
             fn()
     g.replay()

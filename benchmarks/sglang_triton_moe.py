@@ -137,6 +137,21 @@ class SglangMoe:
         ntpp.fill_(int(padded.sum()))
         return sorted_ids, expert_ids, ntpp
 
+    def align_as_sglang(self, topk_ids: torch.Tensor, E: int, block_m: int):
+        """What SGLang's moe_align_block_size runs where it runs Triton (numel <= 64 and E + 1 > 64
+        buckets): torch.empty buffers and its single-CTA kernel; None elsewhere (a CUDA kernel)."""
+        numel = topk_ids.numel()
+        if numel > 64 or E + 1 <= 64:
+            return None
+        max_pad = (numel * block_m + 3) // 4 * 4 if numel < E + 1 else \
+            (numel + (E + 1) * (block_m - 1) + 3) // 4 * 4
+        dev = topk_ids.device
+        sorted_ids = torch.empty((max_pad,), dtype=torch.int32, device=dev)
+        expert_ids = torch.empty((-(-max_pad // block_m),), dtype=torch.int32, device=dev)
+        ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+        self.align_mod.moe_align_small_numel(topk_ids, E + 1, block_m, sorted_ids, expert_ids, ntpp)
+        return sorted_ids, expert_ids, ntpp
+
     def forward(self, x, w1, w2, topk_w, topk_ids, config, aligned) -> torch.Tensor:
         import triton.language as tl
 

@@ -1,8 +1,9 @@
-"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (two launches).
+"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (one launch).
 
 Same signature and semantics as the core for policies "base" and "base_plus" (ids exact, weights to
-float rounding): base_score (per-pair predicted removal cost) then base_select (batch score, top-M,
-backfill, weights). The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
+float rounding): `base_fused_select` (scoring, grid barrier, batch score, top-M, backfill, weights in
+one cooperative launch). BASE_SELECT_KERNEL=two runs the previous pair of launches instead
+(base_score then base_select), kept for the benchmark's comparison. The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
 "partial" with config.renorm_alpha), so base_plus and base with any renorm mode run here. Other
 policies, layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run
 the core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the
@@ -11,9 +12,12 @@ core's errors.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
+from base_sglang.kernels.base_fused import base_fused_select
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
 
@@ -50,8 +54,13 @@ def base_select_experts(
         budget = budget.to(dev, torch.int64)
     ids = topk_ids.contiguous()
     w = topk_weights.contiguous()
-    cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
-    new_ids, new_w, _d, _in_s, counts, removed = base_select(
-        cost, ids, w, router_logits, budget.contiguous(), backfill=config.backfill,
-        combine=config.combine_mode(norm_topk_prob), alpha=config.renorm_alpha)
+    kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
+              alpha=config.renorm_alpha)
+    if os.environ.get("BASE_SELECT_KERNEL", "fused") == "two":
+        cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
+        new_ids, new_w, _d, _in_s, counts, removed = base_select(
+            cost, ids, w, router_logits, budget.contiguous(), **kw)
+    else:
+        new_ids, new_w, _d, _in_s, counts, removed = base_fused_select(
+            hidden_states, ids, w, router_logits, budget.contiguous(), a, b, **kw)
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))

@@ -28,6 +28,34 @@ def launch_kwargs(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (132 when there is no CUDA device)."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_BARRIERS: dict[tuple, torch.Tensor] = {}
+
+
+def barrier_buffer(device: torch.device) -> torch.Tensor:
+    """The int32 counter of a grid barrier, one per (device, current stream); any initial value.
+
+    Kernels move it by a fixed amount per launch and read their launch from their own arrival, so
+    it is never reset: no memset, in eager calls or graph replays. Launches on one stream are
+    serialised; concurrent streams get their own counter. A buffer made during graph capture is
+    not cached (it belongs to the graph's memory pool).
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _BARRIERS.get(key)
+    if buf is None:
+        buf = torch.empty(1, dtype=torch.int32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _BARRIERS[key] = buf
+    return buf
+
+
 def check(cond: bool, msg: str) -> None:
     """Contract check that survives `python -O` (unlike assert)."""
     if not cond:
