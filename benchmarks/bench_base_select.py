@@ -3,9 +3,10 @@
     python benchmarks/bench_base_select.py --out benchmarks/results
 Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 16 (M = 4 for E = 8):
   triton_us   base_select_experts as an engine calls it (the default: base_fused_select, one
-              cooperative launch with PDL); triton_nopdl_us the same with BASE_PDL=0;
-              fused_nocoop_us base_fused_select as a plain (non-cooperative) launch
-  two_us      the previous default, BASE_SELECT_KERNEL=two: base_score then base_select
+              cooperative launch with PDL, for T <= FUSED_MAX_T, else the two launches below);
+              triton_nopdl_us the same with BASE_PDL=0
+  fused_us    base_fused_select at every T (cooperative); fused_nocoop_us as a plain launch
+  two_us      BASE_SELECT_KERNEL=two: base_score then base_select
               (score_us, select_us: each of those two launches alone)
   empty_us    an empty Triton kernel launched the same way (PDL on): what one graph node costs
   torch_us    base_sglang.core.select_experts on the same GPU (the pure-torch path), for reference
@@ -80,8 +81,8 @@ def main() -> int:
                        "timing": "CUDA graph of 10 calls, median of 15 replays",
                        "dense_source": (f"fused_moe.json in {args.dense_from or args.out}" if known
                                         else "fused_moe here")})
-    print(f"{'shape':14} {'T':>4} {'empty':>6} {'two':>7} {'fused':>7} {'nocoop':>7} {'torch':>7} "
-          f"{'dense':>8} {'share':>6}", flush=True)
+    print(f"{'shape':14} {'T':>4} {'empty':>6} {'two':>7} {'fused':>7} {'nocoop':>7} {'default':>7} "
+          f"{'torch':>7} {'dense':>8} {'share':>6}", flush=True)
     for shape in args.shapes.split(","):
         s = SHAPES[shape]
         E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
@@ -107,6 +108,9 @@ def main() -> int:
                 os.environ["BASE_SELECT_KERNEL"] = "two"
                 two_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
                 del os.environ["BASE_SELECT_KERNEL"]
+                os.environ["BASE_SELECT_KERNEL"] = "fused"
+                fused_us = graph_time_us(lambda: base_select_experts(*args_, **kw))  # noqa: B023
+                del os.environ["BASE_SELECT_KERNEL"]
                 nocoop_us = graph_time_us(lambda: base_fused_select(  # noqa: B023
                     x, r.ids, r.weights, r.logits, bud, a, b, **comb, cooperative=False))  # noqa: B023
                 empty_us = graph_time_us(lambda: empty_launch(bud))  # noqa: B023
@@ -124,11 +128,12 @@ def main() -> int:
                 rows.append(dict(shape=shape, T=T, M=M, score_us=round(score_us, 2),
                                  select_us=round(select_us, 2), two_us=round(two_us, 2),
                                  triton_us=round(triton_us, 2), triton_nopdl_us=round(nopdl_us, 2),
-                                 fused_nocoop_us=round(nocoop_us, 2), empty_us=round(empty_us, 2),
+                                 fused_us=round(fused_us, 2), fused_nocoop_us=round(nocoop_us, 2), empty_us=round(empty_us, 2),
                                  torch_us=round(torch_us, 2), dense_moe_us=round(dense, 2),
                                  share_of_dense=round(share, 4)))
-                print(f"{shape:14} {T:>4} {empty_us:>6.1f} {two_us:>7.1f} {triton_us:>7.1f} "
-                      f"{nocoop_us:>7.1f} {torch_us:>7.1f} {dense:>8.1f} {share:>6.1%}", flush=True)
+                print(f"{shape:14} {T:>4} {empty_us:>6.1f} {two_us:>7.1f} {fused_us:>7.1f} "
+                      f"{nocoop_us:>7.1f} {triton_us:>7.1f} {torch_us:>7.1f} {dense:>8.1f} "
+                      f"{share:>6.1%}", flush=True)
                 write_rows(os.path.join(args.out, "base_select.csv"), rows, meta)
             except Exception:
                 traceback.print_exc()

@@ -6,9 +6,9 @@ Programs 0..E-1 score, a grid barrier, then programs 0..R-1 build the rows (R ro
       yhat[t] = <hidden[t], a[e]> + b[e] for the real tokens t that route e (compacted, ROWS at a time)
       D[e]     = sum_t w[t, k]^2 exp(2 yhat[t])  in ascending t (fixed order: deterministic)
       union[e] = number of real tokens routing e
-  barrier: every program arrives on one int32 counter, the arrivals of a launch adding exactly
-      2^20, and the row programs spin until its high bits move (no reset and no memset: graph
-      replays need nothing). The grid is one cooperative launch (all programs resident), so the
+  barrier: every program arrives on one int32 counter (zeroed once), the arrivals of a launch
+      adding exactly 2^20, and the row programs spin until its high bits move (no reset and no
+      memset per call: graph replays need nothing). The grid is one cooperative launch (all programs resident), so the
       spin cannot wait on an unscheduled program.
       The row programs load their rows and every budget before arriving, so after the barrier only
       D (the vector, and gathered at their slots' ids) is on the critical path.
@@ -29,6 +29,8 @@ E experts, H hidden, BT rows per row program.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -167,15 +169,18 @@ def _base_fused_kernel(
     if ROLE == 0:
         # the arrivals of one launch add exactly 2^BAR_BITS (program 0 adds the rest after the
         # others' 1 each), so the counter's high bits move once per launch: no reset, no memset,
-        # any initial value; a program's own arrival tells it which launch it is in
+        # the counter starts at a multiple of 2^BAR_BITS; a program's own arrival tells it its launch
         tl.debug_barrier()  # every thread's D/union stores happen before the arrival (release)
         inc = tl.where(pid == 0, (1 << BAR_BITS) - (n_prog - 1), 1)
         old = tl.atomic_add(bar_ptr, inc, sem="acq_rel", scope="gpu")
         high = -(1 << BAR_BITS)  # int32 mask of the launch bits
         base = old & high
-        if rows:
-            while (tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") & high) == base:
-                pass
+        if rows:  # spin on plain volatile loads (no RMW traffic on the line), then one acquire;
+            # bounded (~2^22 polls, seconds), so a broken counter cannot hang the GPU
+            polls = 0
+            while ((tl.load(bar_ptr, volatile=True) & high) == base) & (polls < (1 << 22)):
+                polls += 1
+            tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     if rows:
         # ---- kept set S: the m largest packed D keys over the union -----------------------------
         d = tl.load(d_ptr + es, mask=emask, other=0.0, cache_modifier=".cg")  # [BE] through L2
@@ -210,10 +215,9 @@ def _base_fused_kernel(
             w_own = tl.sum(tl.where(to_j, w_t[:, None, :], 0.0), axis=2)
             is_own = new >= 0
             # candidates: experts of S the token did not route, best first (one top-k per row)
-            cand = in_s[None, :] & tmask[:, None]  # [BT, BE]
-            for k in range(K):  # a loop, not a [BT, KK, BE] tile
-                e_k = tl.load(ids_ptr + ts * K + k, mask=tmask, other=-1)  # [BT] (L1 hit)
-                cand = cand & (e_k[:, None] != es[None, :])
+            routed = tl.max(((ids_t[:, :, None] == es[None, None, :])
+                             & slot_ok[:, :, None]).to(tl.int32), axis=1)  # [BT, BE] (registers)
+            cand = in_s[None, :] & tmask[:, None] & (routed == 0)  # [BT, BE]
             ckey = tl.where(cand, _packed(logit, es[None, :], ID_BITS), SENTINEL)  # [BT, BE]
             top = tl.topk(ckey, BLOCK_KK)  # [BT, KK(c)] descending
             c_ok = top > SENTINEL
@@ -326,6 +330,9 @@ def base_fused_select(
         return new_ids, new_w, d.zero_(), in_s.zero_(), counts.zero_(), removed.zero_()
     cfg = fused_blocks(T, E, K, H, num_sms(dev))
     num_warps = cfg.pop("num_warps")
+    if "BASE_FUSED_TILES" in os.environ:  # benchmark sweeps only: "num_warps,rows"
+        w_env, r_env = (int(v) for v in os.environ["BASE_FUSED_TILES"].split(","))
+        num_warps, cfg["ROWS"] = w_env, r_env
     grid = (max(E, triton.cdiv(T, cfg["BLOCK_T"])),)
     args = (hidden, ids, weights, logits, budget, a, b, new_ids, new_w, d, union, in_s, counts,
             removed, barrier_buffer(dev), T, hidden.stride(0), logits.stride(0), a.stride(0),

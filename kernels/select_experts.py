@@ -1,9 +1,11 @@
 """`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (one launch).
 
 Same signature and semantics as the core for policies "base" and "base_plus" (ids exact, weights to
-float rounding): `base_fused_select` (scoring, grid barrier, batch score, top-M, backfill, weights in
-one cooperative launch). BASE_SELECT_KERNEL=two runs the previous pair of launches instead
-(base_score then base_select), kept for the benchmark's comparison. The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
+float rounding). Two kernels do it, chosen by the batch size (a shape, so graph-safe):
+  T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score, top-M, backfill and
+                    weights in one cooperative launch;
+  larger T          base_score then base_select (two launches, pair-parallel scoring).
+BASE_SELECT_KERNEL=fused|two forces one of them (benchmarks). The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
 "partial" with config.renorm_alpha), so base_plus and base with any renorm mode run here. Other
 policies, layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run
 the core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the
@@ -21,6 +23,7 @@ from base_sglang.kernels.base_fused import base_fused_select
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
 
+FUSED_MAX_T = 32  # measured on the H200 (BENCHMARKS.md, "Scoring + selection per MoE layer")
 KERNEL_POLICIES = ("base", "base_plus")  # same kept set and backfill; they differ in the combine rule
 
 
@@ -56,7 +59,8 @@ def base_select_experts(
     w = topk_weights.contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
               alpha=config.renorm_alpha)
-    if os.environ.get("BASE_SELECT_KERNEL", "fused") == "two":
+    kernel = os.environ.get("BASE_SELECT_KERNEL") or ("fused" if ids.shape[0] <= FUSED_MAX_T else "two")
+    if kernel == "two":
         cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
         new_ids, new_w, _d, _in_s, counts, removed = base_select(
             cost, ids, w, router_logits, budget.contiguous(), **kw)

@@ -39,18 +39,19 @@ _BARRIERS: dict[tuple, torch.Tensor] = {}
 
 
 def barrier_buffer(device: torch.device) -> torch.Tensor:
-    """The int32 counter of a grid barrier, one per (device, current stream); any initial value.
+    """The int32 counter of a grid barrier, one per (device, current stream), zeroed once.
 
-    Kernels move it by a fixed amount per launch and read their launch from their own arrival, so
-    it is never reset: no memset, in eager calls or graph replays. Launches on one stream are
-    serialised; concurrent streams get their own counter. A buffer made during graph capture is
-    not cached (it belongs to the graph's memory pool).
+    Kernels move it by exactly 2^BAR_BITS per launch and read their launch from their own arrival,
+    so it is never reset: no memset per call, in eager calls or graph replays. Launches on one
+    stream are serialised; concurrent streams get their own counter. A buffer made during graph
+    capture is not cached (it belongs to the graph's memory pool, and its zeroing is a graph node):
+    warm up on the capture stream, as SGLang does.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _BARRIERS.get(key)
     if buf is None:
-        buf = torch.empty(1, dtype=torch.int32, device=device)
+        buf = torch.zeros(1, dtype=torch.int32, device=device)  # a multiple of 2^BAR_BITS
         if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
             _BARRIERS[key] = buf
     return buf
