@@ -2,9 +2,11 @@
 
 Same signature and semantics as the core for policies "base" and "base_plus" (ids exact, weights to
 float rounding). Two kernels do it, chosen by the batch size (a shape, so graph-safe):
-  T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score, top-M, backfill and
-                    weights in one cooperative launch;
-  larger T          base_score then base_select (two launches, pair-parallel scoring).
+  E >= FUSED_MIN_E and T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score,
+                    top-M, backfill and weights in one cooperative launch;
+  otherwise         base_score then base_select (two launches, pair-parallel scoring), which
+                    measured faster on the H200 at larger T (per-expert scoring is imbalanced under
+                    skewed routing) and at fewer experts (OLMoE's 64, Mixtral's 8).
 BASE_SELECT_KERNEL=fused|two forces one of them (benchmarks). The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
 "partial" with config.renorm_alpha), so base_plus and base with any renorm mode run here. Other
 policies, layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run
@@ -24,6 +26,7 @@ from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
 
 FUSED_MAX_T = 32  # measured on the H200 (BENCHMARKS.md, "Scoring + selection per MoE layer")
+FUSED_MIN_E = 96
 KERNEL_POLICIES = ("base", "base_plus")  # same kept set and backfill; they differ in the combine rule
 
 
@@ -59,7 +62,8 @@ def base_select_experts(
     w = topk_weights.contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
               alpha=config.renorm_alpha)
-    kernel = os.environ.get("BASE_SELECT_KERNEL") or ("fused" if ids.shape[0] <= FUSED_MAX_T else "two")
+    fused = ids.shape[0] <= FUSED_MAX_T and router_logits.shape[1] >= FUSED_MIN_E
+    kernel = os.environ.get("BASE_SELECT_KERNEL") or ("fused" if fused else "two")
     if kernel == "two":
         cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
         new_ids, new_w, _d, _in_s, counts, removed = base_select(

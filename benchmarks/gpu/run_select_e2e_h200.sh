@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 12 end to end: SGLang decode (dummy Qwen3-30B-A3B, CUDA graphs, uniform-random routing) at
+# B=16 with the plugin's default selection kernel (base_fused_select at this shape), then with the
+# previous pair of launches (BASE_SELECT_KERNEL=two), one after the other in one call (~6 min).
+#   -> OUT/e2e_fused/summary.json, OUT/e2e_two/summary.json, OUT/e2e_*.log
+#   bash benchmarks/gpu/run_select_e2e_h200.sh   (repo root; carry .device_carry/*.tar.xz; proxy
+#                                                 weights stay home: device-slim on)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+OUT=${OUT:-benchmarks/results/kernels_h200_fused}
+mkdir -p "$OUT"
+source benchmarks/gpu/lib.sh
+trap stop_all_groups EXIT
+status=0
+sgl_setup
+project_check
+export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+for kernel in fused two; do
+    log "=== SGLang decode, selection kernel: $kernel"
+    if [ "$kernel" = fused ]; then sel=(env -u BASE_SELECT_KERNEL); else sel=(env BASE_SELECT_KERNEL=two); fi
+    mkdir -p "$OUT/e2e_$kernel"
+    timeout -k 15 "${DECODE_S:-200}" "${sel[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
+        --routing uniform-random --plugin on --profile-batch 0 --out "$OUT/e2e_$kernel" --batches 16 \
+        --budgets dense 128 16 10 --time-budget "${DECODE_BUDGET_S:-60}" > "$OUT/e2e_$kernel.log" 2>&1 || status=1
+    grep -E "^ ?[0-9]+ |^ B |^--|policy" "$OUT/e2e_$kernel.log" | tail -8 || true
+done
+exit $status
