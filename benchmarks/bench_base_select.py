@@ -3,7 +3,8 @@
     python benchmarks/bench_base_select.py --out benchmarks/results
 Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 16 (M = 4 for E = 8):
   triton_us   base_select_experts as an engine calls it (the default: base_fused_select, one
-              cooperative launch with PDL, for T <= FUSED_MAX_T, else the two launches below);
+              cooperative launch with PDL, where kernels.select_experts.selection_kernel picks it,
+              else the two launches below);
               triton_nopdl_us the same with BASE_PDL=0
   fused_us    base_fused_select at every T (cooperative); fused_nocoop_us as a plain launch
   two_us      BASE_SELECT_KERNEL=two: base_score then base_select

@@ -2,7 +2,9 @@
 
     base_score           predicted removal cost of each routed (token, expert) pair
     base_select          batch score, top-M kept set, backfill and combine weights (one launch)
-    base_select_experts  base_score + base_select with base_sglang.core.select_experts' signature
+    base_fused_select    base_score + base_select in one cooperative launch (a grid barrier)
+    base_select_experts  base_sglang.core.select_experts' signature: base_fused_select or the two
+                         launches, by shape (selection_kernel)
     moe_align            (token, expert) pairs grouped by expert into GEMM blocks, kept experts only
     moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
     moe_combine          weighted sum of each token's pair outputs (deterministic)
@@ -18,7 +20,9 @@ import importlib
 _WHERE = {
     "base_score": "base_score",
     "base_select": "base_select",
+    "base_fused_select": "base_fused",
     "base_select_experts": "select_experts",
+    "selection_kernel": "select_experts",
     "moe_align": "moe_align",
     "moe_gemm": "moe_gemm",
     "moe_combine": "moe_combine",

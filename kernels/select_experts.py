@@ -30,6 +30,16 @@ FUSED_MIN_E = 96
 KERNEL_POLICIES = ("base", "base_plus")  # same kept set and backfill; they differ in the combine rule
 
 
+def selection_kernel(T: int, E: int) -> str:
+    """"fused" or "two" for a batch of T rows over E experts (BASE_SELECT_KERNEL overrides)."""
+    forced = os.environ.get("BASE_SELECT_KERNEL", "")
+    if forced:
+        if forced not in ("fused", "two"):
+            raise ValueError(f"BASE_SELECT_KERNEL: must be 'fused' or 'two', got {forced!r}")
+        return forced
+    return "fused" if T <= FUSED_MAX_T and E >= FUSED_MIN_E else "two"
+
+
 def base_select_experts(
     router_logits: torch.Tensor,  # [T, E]
     topk_ids: torch.Tensor,  # [T, K] int32/int64
@@ -62,9 +72,7 @@ def base_select_experts(
     w = topk_weights.contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
               alpha=config.renorm_alpha)
-    fused = ids.shape[0] <= FUSED_MAX_T and router_logits.shape[1] >= FUSED_MIN_E
-    kernel = os.environ.get("BASE_SELECT_KERNEL") or ("fused" if fused else "two")
-    if kernel == "two":
+    if selection_kernel(ids.shape[0], router_logits.shape[1]) == "two":
         cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
         new_ids, new_w, _d, _in_s, counts, removed = base_select(
             cost, ids, w, router_logits, budget.contiguous(), **kw)

@@ -16,7 +16,7 @@ status=0
 sgl_setup
 project_check
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-for kernel in fused two; do
+for kernel in ${KERNELS:-fused two}; do
     log "=== SGLang decode, selection kernel: $kernel"
     if [ "$kernel" = fused ]; then sel=(env -u BASE_SELECT_KERNEL); else sel=(env BASE_SELECT_KERNEL=two); fi
     mkdir -p "$OUT/e2e_$kernel"

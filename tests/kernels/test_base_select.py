@@ -12,6 +12,13 @@ H = 24
 W_ATOL = 1e-6  # fp32 softmax/renorm in both; only rounding differs
 
 
+@pytest.fixture(autouse=True, params=["fused", "two"])
+def selection_kernel(request, monkeypatch):
+    """Every test here runs through both selection kernels (base_select_experts' two paths)."""
+    monkeypatch.setenv("BASE_SELECT_KERNEL", request.param)
+    return request.param
+
+
 def compare(T, E, K, budget, **kw):
     return compare_with_core(T, E, K, budget, policy="base", H=H, **kw)[0]
 

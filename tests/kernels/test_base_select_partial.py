@@ -15,6 +15,13 @@ from base_sglang.kernels import base_select, base_select_experts
 H = 24
 
 
+@pytest.fixture(autouse=True, params=["fused", "two"])
+def selection_kernel(request, monkeypatch):
+    """Every test here runs through both selection kernels (base_select_experts' two paths)."""
+    monkeypatch.setenv("BASE_SELECT_KERNEL", request.param)
+    return request.param
+
+
 def compare(T, E, K, budget, *, policy="base_plus", **kw):
     return compare_with_core(T, E, K, budget, policy=policy, H=H, **kw)
 

@@ -1,0 +1,93 @@
+"""base_fused_select (the one-launch selection) == the core, at the cases only it has.
+
+Under the CPU interpreter the kernel runs as its two phases (ROLE 1 then 2) with the code the GPU
+runs; the grid barrier itself is checked on the H200 (benchmarks/check_kernels_gpu.py --only fused).
+"""
+
+import pytest
+import torch
+from kernel_helpers import DEVICE, compare_with_core, predictor, routing
+
+from base_sglang.core import SelectionConfig, select_experts
+from base_sglang.kernels import base_fused_select, selection_kernel
+from base_sglang.kernels.select_experts import FUSED_MAX_T, FUSED_MIN_E
+
+
+@pytest.fixture(autouse=True)
+def fused(monkeypatch):
+    monkeypatch.setenv("BASE_SELECT_KERNEL", "fused")
+
+
+@pytest.mark.parametrize("T,E,K,budget", [
+    (40, 128, 8, 24),  # several row programs, E programs score
+    (40, 8, 2, 3),  # more row programs than experts: programs past E only build rows
+    (9, 60, 6, 10),  # E and K not powers of two
+    (7, 32, 4, 0),  # M = 0: every routed expert dropped
+    (5, 16, 16, 9),  # K == E
+])
+def test_shapes(T, E, K, budget):
+    got, _ = compare_with_core(T, E, K, [budget] * T, policy="base_plus", H=40, seed=T + E)
+    if budget == 0:
+        assert (got.ids == -1).all() and (got.weights == 0).all()
+
+
+def test_tied_logits_and_scores_break_to_the_lower_id():
+    # logits on a coarse grid (many exact ties, +0.0 and -0.0 among them) and identical predictor
+    # rows for half the experts (tied batch scores): backfill and top-M both break ties by lower id
+    T, E, K, H = 12, 32, 4, 16
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randint(-3, 4, (T, E), generator=g) * 0.5).float()
+    logits[0, :8] = torch.tensor([0.0, -0.0] * 4)
+    w, ids = torch.softmax(logits, -1).topk(K, -1)
+    w = w / w.sum(-1, keepdim=True)
+    pred = predictor(E, H, seed=1)
+    pred.weight[0, E // 2:] = pred.weight[0, 0]
+    pred.bias[0, E // 2:] = pred.bias[0, 0]
+    hidden = torch.randn(T, H, generator=g).bfloat16()
+    budget = torch.full((T,), 6)
+    cfg = SelectionConfig(policy="base_plus")
+    args = [x.to(DEVICE) for x in (logits, ids, w, hidden, budget)]
+    want = select_experts(*args, 0, cfg, pred)
+    got = base_fused_select(args[3], args[1], args[2], args[0], args[4], pred.weight[0],
+                            pred.bias[0], combine="partial", alpha=cfg.renorm_alpha)
+    assert torch.equal(got[0], want.ids)
+    torch.testing.assert_close(got[1], want.weights, rtol=0, atol=1e-6)
+
+
+def test_minus_one_slots_in_the_input_stay_dropped():
+    logits, ids, w = routing(6, 16, 4, seed=2)
+    ids[1, 2] = -1  # a slot an earlier pass already dropped
+    w[1, 2] = 0.0
+    pred = predictor(16, 24)
+    hidden = torch.randn(6, 24, device=DEVICE).bfloat16()
+    budget = torch.full((6,), 16, device=DEVICE)
+    got = base_fused_select(hidden, ids, w, logits, budget, pred.weight[0], pred.bias[0])
+    want = select_experts(logits, ids, w, hidden, budget, 0, SelectionConfig(policy="base"), pred)
+    assert torch.equal(got[0], want.ids)
+
+
+def test_dispatch_by_shape(monkeypatch):
+    monkeypatch.delenv("BASE_SELECT_KERNEL")
+    assert selection_kernel(1, FUSED_MIN_E) == "fused"
+    assert selection_kernel(FUSED_MAX_T, 128) == "fused"
+    assert selection_kernel(FUSED_MAX_T + 1, 128) == "two"
+    assert selection_kernel(16, FUSED_MIN_E - 1) == "two"
+    monkeypatch.setenv("BASE_SELECT_KERNEL", "two")
+    assert selection_kernel(1, 128) == "two"
+    monkeypatch.setenv("BASE_SELECT_KERNEL", "fast")
+    with pytest.raises(ValueError, match="BASE_SELECT_KERNEL"):
+        selection_kernel(1, 128)
+
+
+@pytest.mark.parametrize("bad,match", [("combine", "combine: must be one of"),
+                                       ("alpha", "alpha: must be in"),
+                                       ("a_shape", "a: expected")])
+def test_contract_errors(bad, match):
+    logits, ids, w = routing(4, 8, 2)
+    pred = predictor(8, 16)
+    hidden = torch.randn(4, 16, device=DEVICE)
+    budget = torch.full((4,), 3, device=DEVICE)
+    a = pred.weight[0][:, :8] if bad == "a_shape" else pred.weight[0]
+    kw = {"combine": "sometimes"} if bad == "combine" else {"alpha": 1.5} if bad == "alpha" else {}
+    with pytest.raises(ValueError, match=match):
+        base_fused_select(hidden, ids, w, logits, budget, a, pred.bias[0], **kw)
