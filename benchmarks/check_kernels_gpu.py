@@ -18,7 +18,7 @@
    streams launching concurrently; the plain (non-cooperative) launch == the cooperative one.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
-    --only fused       sections 1, 2, 5 and 7 (the selection kernel)
+    --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph", "fused"],
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -344,6 +344,8 @@ def main() -> int:
               check_fused_barrier]
     if args.only == "base_plus":
         checks = base_plus
+    elif args.only == "barrier":
+        checks = [check_fused_barrier]
     elif args.only == "fused":
         checks = [check_selection, check_graph, check_base_plus, check_graph_base_plus,
                   check_fused_barrier]

@@ -11,7 +11,9 @@
 #   5. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align inside its timed region
 #      (sglang_align_us)                                                   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel, proxy weights stay home):
-#   OUT=/path bash benchmarks/gpu/run_select_h200.sh
+#   OUT=/path [BASE_COMMIT=sha] bash benchmarks/gpu/run_select_h200.sh
+# PARTS="barrier select" runs a short form (~2 min, no wheel needed): check section 7 alone, then
+# part 3 for Qwen3 and OLMoE at T <= 64.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-benchmarks/results/kernels_h200_fused}
@@ -25,6 +27,20 @@ if ! python3 -c "import base_sglang.kernels" 2>/dev/null; then  # not installed:
     for f in "$ROOT"/base_sglang/*; do ln -s "$f" "$PKG/base_sglang/"; done
     for d in kernels server calibration; do ln -s "$ROOT/$d" "$PKG/base_sglang/$d"; done
     export PYTHONPATH=$PKG
+fi
+if [ -n "${PARTS:-}" ]; then
+    for part in $PARTS; do
+        case "$part" in
+            barrier) timeout -k 10 90 python3 benchmarks/check_kernels_gpu.py --only barrier --out "$OUT" \
+                         2>&1 | tee "$OUT/check_barrier.log" | grep -E "PASS|FAIL|checks passed" ;;
+            select) timeout -k 10 150 python3 benchmarks/bench_base_select.py --out "$OUT" \
+                        --shapes qwen3-30b-a3b,olmoe-1b-7b --tokens 1,8,16,32,64 \
+                        --dense-from benchmarks/results/kernels_h200 2>&1 | grep -v -i warn \
+                        | tee "$OUT/bench_base_select.log" ;;
+            *) echo "unknown part '$part' (barrier, select)" >&2; exit 2 ;;
+        esac
+    done
+    exit 0
 fi
 python3 - <<'PY'
 import glob, zipfile
