@@ -19,16 +19,9 @@ export PYTHONUNBUFFERED=1
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # base_sglang.kernels/.server live in kernels/ and server/ (pyproject package-dir): without an
 # install, a package dir of symlinks maps them; pytest then runs from it (the checkout would shadow it)
-if ! python3 -c "import base_sglang.kernels, base_sglang.server" 2>/dev/null; then
-    PKG=$(mktemp -d)/pkg
-    mkdir -p "$PKG/base_sglang"
-    for f in "$ROOT"/base_sglang/*; do ln -s "$f" "$PKG/base_sglang/"; done
-    for d in kernels server calibration; do ln -s "$ROOT/$d" "$PKG/base_sglang/$d"; done
-    export PYTHONPATH=$PKG
-    RUN_DIR=$PKG
-else
-    RUN_DIR=$ROOT
-fi
+source benchmarks/gpu_env.sh
+map_package
+RUN_DIR=${PKG:-$ROOT}
 status=0
 timeout 100 python3 benchmarks/check_kernels_gpu.py --only base_plus --out "$OUT" 2>&1 \
     | tee "$OUT/check.log" || status=1

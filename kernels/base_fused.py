@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from base_sglang.kernels.base_select import COMBINE_MODES
+from base_sglang.kernels.base_select import COMBINE_MODES, check_combine, selection_outputs
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,
@@ -316,17 +316,9 @@ def base_fused_select(
     check_tensor("b", b, (E,), FLOAT_DTYPES, dev)
     check(E < (1 << BAR_BITS) and H <= 16384 and K <= E,
           f"E, H, K: at most 2^20 experts, 16384 hidden and K <= E, got {E}, {H}, {K}")
-    check(combine in COMBINE_MODES,
-          f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
-    check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
-    new_ids = torch.empty_like(ids)
-    new_w = torch.empty_like(weights)
-    # NOTE: empty, not zeros: the kernel writes every element (no memset launches)
-    d = torch.empty(E, dtype=torch.float32, device=dev)
-    union = torch.empty(E, dtype=torch.int32, device=dev)
-    in_s = torch.empty(E, dtype=torch.int8, device=dev)
-    counts = torch.empty(2, dtype=torch.int64, device=dev)
-    removed = torch.empty(1, dtype=torch.float32, device=dev)
+    check_combine(combine, alpha)
+    new_ids, new_w, d, in_s, counts, removed = selection_outputs(ids, weights, E)
+    union = torch.empty(E, dtype=torch.int32, device=dev)  # [E] written by the scoring programs
     if T == 0:
         return new_ids, new_w, d.zero_(), in_s.zero_(), counts.zero_(), removed.zero_()
     cfg = fused_blocks(T, E, K, H, num_sms(dev))

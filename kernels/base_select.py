@@ -155,6 +155,23 @@ def _base_select_kernel(
     tl.store(out_w_ptr + t * K + ks, new_w.to(out_w_ptr.dtype.element_ty), mask=kmask)
 
 
+def check_combine(combine: str, alpha: float) -> None:
+    check(combine in COMBINE_MODES,
+          f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
+    check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
+
+
+def selection_outputs(ids: torch.Tensor, weights: torch.Tensor, E: int) -> tuple:
+    """(ids [T, K], weights [T, K], d [E] fp32, in_s [E] int8, counts [2] int64, removed [1] fp32),
+    uninitialised: the selection kernels write every element (no memset launches per call)."""
+    dev = ids.device
+    return (torch.empty_like(ids), torch.empty_like(weights),
+            torch.empty(E, dtype=torch.float32, device=dev),
+            torch.empty(E, dtype=torch.int8, device=dev),
+            torch.empty(2, dtype=torch.int64, device=dev),
+            torch.empty(1, dtype=torch.float32, device=dev))
+
+
 def base_select(
     cost: torch.Tensor,  # [T, K] fp32 from base_score (0 on padded rows)
     ids: torch.Tensor,  # [T, K] int32/int64 contiguous, the router's top-k
@@ -182,16 +199,8 @@ def base_select(
     check_tensor("ids", ids, (T, K), ID_DTYPES, dev)
     check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev)
     check_tensor("budget", budget, (T,), ID_DTYPES, dev)
-    check(combine in COMBINE_MODES,
-          f"combine: must be one of {tuple(COMBINE_MODES)}, got {combine!r}")
-    check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
-    new_ids = torch.empty_like(ids)
-    new_w = torch.empty_like(weights)
-    # NOTE: empty, not zeros: program 0 writes all four (saves four memset launches per call)
-    d = torch.empty(E, dtype=torch.float32, device=dev)
-    in_s = torch.empty(E, dtype=torch.int8, device=dev)
-    counts = torch.empty(2, dtype=torch.int64, device=dev)
-    removed = torch.empty(1, dtype=torch.float32, device=dev)
+    check_combine(combine, alpha)
+    new_ids, new_w, d, in_s, counts, removed = selection_outputs(ids, weights, E)
     if T == 0:
         return new_ids, new_w, d.zero_(), in_s.zero_(), counts.zero_(), removed.zero_()
     pdl = use_pdl(dev)

@@ -21,13 +21,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 ROOT=$PWD
-if ! python3 -c "import base_sglang.kernels" 2>/dev/null; then  # not installed: a package of links
-    PKG=$(mktemp -d)/pkg
-    mkdir -p "$PKG/base_sglang"
-    for f in "$ROOT"/base_sglang/*; do ln -s "$f" "$PKG/base_sglang/"; done
-    for d in kernels server calibration; do ln -s "$ROOT/$d" "$PKG/base_sglang/$d"; done
-    export PYTHONPATH=$PKG
-fi
+source benchmarks/gpu_env.sh
+map_package  # not installed: a package of links
 if [ -n "${PARTS:-}" ]; then
     for part in $PARTS; do
         case "$part" in
@@ -42,14 +37,7 @@ if [ -n "${PARTS:-}" ]; then
     done
     exit 0
 fi
-python3 - <<'PY'
-import glob, zipfile
-z = zipfile.ZipFile(glob.glob(".whl/sglang-0.5.23-*.whl")[0])
-names = [n for n in z.namelist() if n.startswith(("sglang/kernels/ops/moe/",
-                                                  "sglang/srt/layers/moe/moe_runner/triton_utils/"))]
-z.extractall("/tmp/sglang_whl", names)
-print(len(names), "files unpacked from the sglang wheel")
-PY
+unpack_sglang_wheel
 status=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "=== 1. checks"

@@ -1,0 +1,29 @@
+# Helpers of the device scripts (sourced, not run). Needs: cd to the repository root first.
+#   map_package           base_sglang.kernels/.server/.calibration importable without an install:
+#                         a package of symlinks (kernels/, server/, calibration/ mapped into it) on
+#                         PYTHONPATH; exports PKG (its folder, empty when already installed)
+#   unpack_sglang_wheel   SGLang 0.5.23's Triton MoE files from .whl/ to /tmp/sglang_whl
+
+map_package() {
+    PKG=""
+    if ! python3 -c "import base_sglang.kernels, base_sglang.server" 2>/dev/null; then
+        PKG=$(mktemp -d)/pkg
+        mkdir -p "$PKG/base_sglang"
+        local f d
+        for f in "$PWD"/base_sglang/*; do ln -s "$f" "$PKG/base_sglang/"; done
+        for d in kernels server calibration; do ln -s "$PWD/$d" "$PKG/base_sglang/$d"; done
+        export PYTHONPATH=$PKG
+    fi
+    export PKG
+}
+
+unpack_sglang_wheel() {
+    python3 - <<'PY'
+import glob, zipfile
+z = zipfile.ZipFile(glob.glob(".whl/sglang-0.5.23-*.whl")[0])
+names = [n for n in z.namelist() if n.startswith(("sglang/kernels/ops/moe/",
+                                                  "sglang/srt/layers/moe/moe_runner/triton_utils/"))]
+z.extractall("/tmp/sglang_whl", names)
+print(len(names), "files unpacked from the sglang wheel")
+PY
+}
