@@ -8,10 +8,10 @@ Programs 0..E-1 score, a grid barrier, then programs 0..R-1 build the rows (R ro
       union[e] = number of real tokens routing e
   barrier: every program arrives on one int32 counter (zeroed once), the arrivals of a launch
       adding exactly 2^20, and the row programs spin until its high bits move (no reset and no
-      memset per call: graph replays need nothing). The grid is one cooperative launch (all programs resident), so the
-      spin cannot wait on an unscheduled program.
-      The row programs load their rows and every budget before arriving, so after the barrier only
-      D (the vector, and gathered at their slots' ids) is on the critical path.
+      memset per call: graph replays need nothing; the spin is bounded). The grid is one
+      cooperative launch (all programs resident), so the spin cannot wait on an unscheduled
+      program. The row programs load their rows and every budget before arriving, so after the
+      barrier only D (the vector, and gathered at their slots' ids) is on the critical path.
   rows (program r = rows r*BT .. r*BT+BT-1, each program on its own: no serial part)
       M      = clamp(max budget over real rows, 0, E)    (>= E anywhere -> dense; -1 = padded row)
       S      = the M union experts with the largest D (ties -> lower id): one sort of packed
