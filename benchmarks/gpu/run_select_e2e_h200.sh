@@ -3,6 +3,8 @@
 # B=16 with the plugin's default selection kernel (base_fused_select at this shape), then with the
 # previous pair of launches (BASE_SELECT_KERNEL=two), one after the other in one call (~6 min).
 #   -> OUT/e2e_fused/summary.json, OUT/e2e_two/summary.json, OUT/e2e_*.log
+# KERNELS="two fused two" repeats a kernel (later runs write OUT/e2e_<kernel>_<n>/) to see the
+# drift between sequential runs; PROFILE=1 adds bench_decode's B=16 kernel profile to each run.
 #   bash benchmarks/gpu/run_select_e2e_h200.sh   (repo root; carry .device_carry/*.tar.xz; proxy
 #                                                 weights stay home: device-slim on)
 set -euo pipefail
@@ -16,13 +18,17 @@ status=0
 sgl_setup
 project_check
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+declare -A seen=()
 for kernel in ${KERNELS:-fused two}; do
-    log "=== SGLang decode, selection kernel: $kernel"
+    n=$(( ${seen[$kernel]:-0} + 1 )); seen[$kernel]=$n
+    name=e2e_$kernel; [ "$n" -gt 1 ] && name=${name}_$n
+    log "=== SGLang decode, selection kernel: $kernel ($name)"
     if [ "$kernel" = fused ]; then sel=(env -u BASE_SELECT_KERNEL); else sel=(env BASE_SELECT_KERNEL=two); fi
-    mkdir -p "$OUT/e2e_$kernel"
+    mkdir -p "$OUT/$name"
     timeout -k 15 "${DECODE_S:-200}" "${sel[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
-        --routing uniform-random --plugin on --profile-batch 0 --out "$OUT/e2e_$kernel" --batches 16 \
-        --budgets dense 128 16 10 --time-budget "${DECODE_BUDGET_S:-60}" > "$OUT/e2e_$kernel.log" 2>&1 || status=1
-    grep -E "^ ?[0-9]+ |^ B |^--|policy" "$OUT/e2e_$kernel.log" | tail -8 || true
+        --routing uniform-random --plugin on --profile-batch "$([ "${PROFILE:-0}" = 1 ] && echo 16 || echo 0)" \
+        --out "$OUT/$name" --batches 16 --budgets dense 128 16 10 \
+        --time-budget "${DECODE_BUDGET_S:-60}" > "$OUT/$name.log" 2>&1 || status=1
+    grep -E "^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | tail -8 || true
 done
 exit $status
