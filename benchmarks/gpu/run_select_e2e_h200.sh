@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12 end to end: SGLang decode (dummy Qwen3-30B-A3B, CUDA graphs, uniform-random routing) at
 # B=16 with the plugin's default selection kernel (base_fused_select at this shape), then with the
-# previous pair of launches (BASE_SELECT_KERNEL=two), one after the other in one call (~6 min).
+# previous pair of launches (BASE_SELECT_KERNEL=two), one after the other in one call (~6 min;
+# the first run compiles every Triton kernel during its graph capture, ~75 s).
 #   -> OUT/e2e_fused/summary.json, OUT/e2e_two/summary.json, OUT/e2e_*.log
 # KERNELS="two fused two" repeats a kernel (later runs write OUT/e2e_<kernel>_<n>/) to see the
 # drift between sequential runs; PROFILE=1 adds bench_decode's B=16 kernel profile to each run.
@@ -25,10 +26,10 @@ for kernel in ${KERNELS:-fused two}; do
     log "=== SGLang decode, selection kernel: $kernel ($name)"
     if [ "$kernel" = fused ]; then sel=(env -u BASE_SELECT_KERNEL); else sel=(env BASE_SELECT_KERNEL=two); fi
     mkdir -p "$OUT/$name"
-    timeout -k 15 "${DECODE_S:-200}" "${sel[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
+    timeout -k 15 "${DECODE_S:-240}" "${sel[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
         --routing uniform-random --plugin on --profile-batch "$([ "${PROFILE:-0}" = 1 ] && echo 16 || echo 0)" \
         --out "$OUT/$name" --batches 16 --budgets dense 128 16 10 \
-        --time-budget "${DECODE_BUDGET_S:-60}" > "$OUT/$name.log" 2>&1 || status=1
+        --time-budget "${DECODE_BUDGET_S:-150}" > "$OUT/$name.log" 2>&1 || status=1
     grep -E "^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | tail -8 || true
 done
 exit $status
