@@ -30,8 +30,8 @@ TIE = 1e-6  # D's share in the net score: breaks ties among experts whose net lo
 
 def scheduled_budget(m: torch.Tensor, table: torch.Tensor, num_experts: int) -> torch.Tensor:
     """[] int64 budget of this layer for batch budget m ([] int64); table [E+1] per-layer budgets."""
-    idx = m.clamp(0, num_experts)  # []
-    m_l = table.to(m.device)[idx].round().long().clamp(0, num_experts)  # []
+    idx = m.clamp(0, num_experts).reshape(1)  # [1] a gather, not an index (no host sync)
+    m_l = table.to(m.device).gather(0, idx)[0].round().long().clamp(0, num_experts)  # []
     return torch.where(m >= num_experts, m, m_l)
 
 
