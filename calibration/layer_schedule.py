@@ -63,7 +63,7 @@ def allocate(curves: list[np.ndarray], num_experts: int, lo: int, m: int) -> lis
     for c in curves:
         cost = c[: width + 1] + UNIFORM_TIE * np.abs(lo + choice - m)  # [C]
         cand = np.full((total + 1, width + 1), np.inf)  # [S, C]
-        for k in range(width + 1):
+        for k in range(min(width, total) + 1):
             cand[k:, k] = best[: total + 1 - k] + cost[k]
         picks.append(np.argmin(cand, axis=1))  # [S] first minimum: the smaller extra
         best = cand[np.arange(total + 1), picks[-1]]

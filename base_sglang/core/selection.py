@@ -23,6 +23,11 @@ iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w
 (alpha = 0.5, W = the token's routed weight; see _combine_weights). With max_error, rows carrying a
 bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
 
+The issue-13 variants (config.VARIANTS, variants.py) keep base_plus's backfill and combine rule and change
+the kept set: base_net (backfill-aware net loss), base_floor (every token's top-1 first) and base_sched
+(a calibrated per-layer budget); oracle_net / oracle_floor / oracle_sched are the same rules on true norms.
+They run here only (the Triton kernels hand them to this core).
+
 Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
 frequency/lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
 reduced with a one-hot sum (no float atomics), so repeated calls and every tensor-parallel rank agree.

@@ -111,6 +111,10 @@ def test_allocate_is_the_exact_minimum_with_the_same_total():
     assert allocate([a, b], 4, 1, 2) == [2, 2]
     # m = 3 (total 6): (2,4) 1.0, (3,3) 1.5, (4,2) 1.5
     assert allocate([a, b], 4, 1, 3) == [2, 4]
+    # non-convex: d gains 1 then 18 (a greedy step would split), c gains 1; E = 16 >> the total
+    c = curve_values([(1, 9.0), (2, 8.0)], 16, 1)
+    d = curve_values([(1, 20.0), (2, 19.0), (3, 1.0)], 16, 1)
+    assert allocate([d, c], 16, 1, 2) == [3, 1]
     assert allocate([a, b], 4, 2, 1) == [1, 1]  # below the lowest measured budget: uniform
     assert allocate([a, b], 4, 1, 4) == [4, 4]  # dense stays dense
     table = schedule_table({0: [(1, 10.0), (2, 1.0), (3, 0.5)], 5: [(1, 2.0), (2, 1.5), (3, 1.0)]},
