@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=64, help="decode steps under the policy")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)} (default: all but the "
-                        f"issue-13 variants base_net, base_floor, base_sched and their oracle_*)")
+                        f"issue-13 variants base_net, base_sched and their oracle_*)")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
     p.add_argument("--renorm", default="native", choices=("native", "always", "never", "partial"),

@@ -8,8 +8,10 @@ sensitivity curve: the mean per-token NLL increase when that layer alone runs ba
 (every other layer dense), under the same batched teacher-forced decoding as base-eval, for M on a
 grid (k/2 .. 6k). Then, for every batch budget M = 0..E, it spends the same total L * M experts per
 step over the layers where they lower the summed curves most (exact dynamic programme; each curve is
-made non-increasing and piecewise linear, 0 at M = E). Writes STEM.safetensors (the predictor with
-the table `layer_budget` [L, E+1]) and STEM.json (curves, table, command, commit).
+made non-increasing and piecewise linear, 0 at M = E). Above --up-to (default 1.5k: where the
+single-layer curves are still well above their noise; chosen on the tune split) every layer keeps M.
+Writes STEM.safetensors (the predictor with the table `layer_budget` [L, E+1]) and STEM.json (curves,
+table, command, commit). --curves STEM.json re-derives the table from curves measured before.
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ def allocate(curves: list[np.ndarray], num_experts: int, lo: int, m: int) -> lis
 
 
 def schedule_table(curves: dict[int, list[tuple[int, float]]], layers: list[int], num_experts: int,
-                   lo: int) -> np.ndarray:
-    """[L, E+1] table: column m = each layer's budget for batch budget m (same sum L * m)."""
+                   lo: int, up_to: int | None = None) -> np.ndarray:
+    """[L, E+1] table: column m = each layer's budget for batch budget m (same sum L * m); every
+    layer gets m above up_to (None: no limit)."""
     vals = [curve_values(curves[layer], num_experts, lo) for layer in layers]
     table = np.zeros((len(layers), num_experts + 1))
     for m in range(num_experts + 1):
-        table[:, m] = allocate(vals, num_experts, lo, m)
+        scheduled = up_to is None or m <= up_to
+        table[:, m] = allocate(vals, num_experts, lo, m) if scheduled else m
     return table
 
 
@@ -102,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="grid of M (default k/2, k, 1.5k, 2k, 3k, 4k, 6k)")
+    p.add_argument("--up-to", type=int, default=None,
+                   help="largest batch budget that is scheduled (default round(1.5 k)); above it "
+                        "every layer keeps M")
+    p.add_argument("--curves", default=None,
+                   help="a STEM.json of an earlier run: re-derive the table from its curves")
     p.add_argument("--threads", type=int, default=1)
     return p
 
@@ -116,7 +125,6 @@ def run(args) -> int:
     import torch
 
     from base_sglang.calibration.decode_eval import Setting, run_batch
-    from base_sglang.calibration.report import environment
     from base_sglang.core import Predictor, SelectionConfig
     from base_sglang.core.predictor import describe_model_config
     from base_sglang.hf import MoEPatch, load_model
@@ -131,6 +139,18 @@ def run(args) -> int:
     grid = sorted(set(args.budgets)) if args.budgets else default_grid(E, K)
     if not grid or grid[0] < 1 or grid[-1] >= E:
         raise ValueError(f"budgets: must lie in 1..{E - 1}, got {grid}")
+    up_to = round(1.5 * K) if args.up_to is None else args.up_to
+    if args.curves:
+        with open(args.curves) as f:
+            old = json.load(f)
+        curves = {int(k): [tuple(x) for x in v] for k, v in old["curves"].items()}
+        if sorted(curves) != sorted(layers):
+            raise ValueError(f"curves: {args.curves} covers layers {sorted(curves)}, the predictor "
+                             f"{layers}")
+        grid = old["meta"]["grid"]
+        return _write(args, predictor, layers, curves, grid, up_to, E, K, t0,
+                      {k: old["meta"][k] for k in ("batch_size", "num_batches", "prefix", "steps")}
+                      | {"curves_from": args.curves, "curves_commit": old["meta"].get("commit")})
     docs = split_documents(read_documents(args.data), "calib", DEFAULT_EVAL_PERCENT,
                            DEFAULT_TUNE_PERCENT)
     wins = windows(tokenize_documents(tokenizer, docs), args.prefix + args.steps + 1)
@@ -155,18 +175,26 @@ def run(args) -> int:
             curves[layer].append((m, float(nll - nll_d)))
         print(f"layer {layer}: " + ", ".join(f"M={m} {v:+.4f}" for m, v in curves[layer]), flush=True)
     patch.remove()
-    table = schedule_table(curves, layers, E, grid[0])
+    return _write(args, predictor, layers, curves, grid, up_to, E, K, t0,
+                  {"batch_size": args.batch_size, "num_batches": len(batches), "prefix": args.prefix,
+                   "steps": args.steps})
+
+
+def _write(args, predictor, layers, curves, grid, up_to, E, K, t0, measured: dict) -> int:
+    import torch
+
+    from base_sglang.calibration.report import environment
+
+    table = schedule_table(curves, layers, E, grid[0], up_to)
     predictor.layer_budget = torch.tensor(table, dtype=torch.float32)
     predictor.meta.calibration = dict(predictor.meta.calibration, layer_schedule={
-        "split": "calib", "batch_size": args.batch_size, "num_batches": len(batches),
-        "prefix": args.prefix, "steps": args.steps, "grid": grid})
+        "split": "calib", "grid": grid, "up_to": up_to, **measured})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     predictor.save(out.with_suffix(".safetensors"))
     meta = {"model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name,
             "command": "python -m base_sglang.calibration.layer_schedule " + " ".join(args.argv),
-            "split": "calib", "batch_size": args.batch_size, "num_batches": len(batches),
-            "prefix": args.prefix, "steps": args.steps, "grid": grid, "num_experts": E, "top_k": K,
+            "split": "calib", **measured, "grid": grid, "up_to": up_to, "num_experts": E, "top_k": K,
             "seconds": round(time.time() - t0, 1), **environment()}
     with open(out.with_suffix(".json"), "w") as f:
         json.dump({"meta": meta, "curves": {str(k): v for k, v in curves.items()},

@@ -19,7 +19,8 @@ import sys
 
 BUDGET_COLS = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "exfold", "frequency")
 KNOB_POLICIES = ("oea", "sere", "lynx")
-VARIANT_POLICIES = ("base_net", "base_floor", "base_sched")  # ORACLE_OF keys besides base_plus
+# ORACLE_OF keys besides base_plus (base_floor / oracle_floor: rows of the tune run, code removed)
+VARIANT_POLICIES = ("base_net", "base_floor", "base_sched")
 
 
 def _load(path: str) -> dict:
@@ -151,6 +152,11 @@ def errors(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _oracle_of(policy: str) -> str:
+    """base_plus -> oracle_plus, base_X -> oracle_X (also for rows of variants since removed)."""
+    return "oracle_plus" if policy == "base_plus" else "oracle_" + policy.removeprefix("base_")
+
+
 def _own_oracle_cell(e: dict | None) -> str:
     if e is None or e.get("over") is None or math.isnan(e["over"]):
         return "-"
@@ -160,19 +166,17 @@ def _own_oracle_cell(e: dict | None) -> str:
 def variants(res: dict) -> str:
     """Per budget M: base_plus, oracle_plus and each variant with its oracle (ratio to it), then each
     variant's rows against base_plus's curve interpolated at their cost (experts executed)."""
-    from base_sglang.core.config import ORACLE_OF
-
     rows = res["rows"]
     present = [p for p in VARIANT_POLICIES if any(r["policy"] == p for r in rows)]
     by = {(r["policy"], r["value"]): r for r in rows}
     own = res["checks"].get("own_oracle", {})
     budgets = sorted({r["value"] for r in rows if r["policy"] in ("base_plus", *present)})
     top_k = res["meta"]["top_k"]
-    cols = ["base_plus", "oracle_plus"] + [c for p in present for c in (p, ORACLE_OF[p])]
+    cols = ["base_plus", "oracle_plus"] + [c for p in present for c in (p, _oracle_of(p))]
     ratio_cols = ["base_plus"] + present
     out = [header(res), "",
            "| M | " + " | ".join(cols) + " | " +
-           " | ".join(f"{p} / {ORACLE_OF[p]}" for p in ratio_cols) + " |",
+           " | ".join(f"{p} / {_oracle_of(p)}" for p in ratio_cols) + " |",
            "|---:|" + "---:|" * (len(cols) + len(ratio_cols))]
     for m in budgets:
         cells = [_pct(by[(p, m)]["dppl_pct"]) if (p, m) in by else "-" for p in cols]

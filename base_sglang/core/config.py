@@ -5,31 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("dense", "base_plus", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere",
-            "lynx", "base_net", "oracle_net", "base_floor", "oracle_floor", "base_sched", "oracle_sched")
+            "lynx", "base_net", "oracle_net", "base_sched", "oracle_sched")
 # the project's default: BASE's kept set with partial renormalisation (see SelectionConfig.renorm)
 DEFAULT_POLICY = "base_plus"
 RENORM_MODES = ("native", "always", "never", "partial")
 # policies whose kept-set size is the batch budget M (the others use their own knobs)
 BUDGETED_POLICIES = ("base_plus", "base", "oracle", "exfold", "gate_sum", "frequency", "base_net",
-                     "oracle_net", "base_floor", "oracle_floor", "base_sched", "oracle_sched")
+                     "oracle_net", "base_sched", "oracle_sched")
 # issue-13 variants of base_plus (core only, not in the Triton kernels): kept-set objective and
 # per-layer budget schedule, each with its true-norm oracle. name -> (costs, objective, scheduled)
 #   costs: "pred" (the predictor) or "true" (routed_norms / expert_norms);
-#   objective: "net" (backfill-aware net loss), "floor" (every token keeps its top-1), "top" (BASE's top-M)
+#   objective: "net" (backfill-aware net loss) or "top" (BASE's top-M)
+# (a per-token top-1 floor was measured on the tune split and lost: BENCHMARKS.md, code removed)
 VARIANTS = {"base_net": ("pred", "net", False), "oracle_net": ("true", "net", False),
-            "base_floor": ("pred", "floor", False), "oracle_floor": ("true", "floor", False),
             "base_sched": ("pred", "top", True), "oracle_sched": ("true", "top", True)}
 # the true-norm oracle of each predicted-cost policy (the "within 10 % of its oracle" check)
-ORACLE_OF = {"base_plus": "oracle_plus", "base_net": "oracle_net", "base_floor": "oracle_floor",
-             "base_sched": "oracle_sched"}
+ORACLE_OF = {"base_plus": "oracle_plus", "base_net": "oracle_net", "base_sched": "oracle_sched"}
 # policies whose removal costs are the true expert-output norms (the caller passes routed_norms)
-TRUE_NORM_POLICIES = ("oracle", "oracle_net", "oracle_floor", "oracle_sched")
+TRUE_NORM_POLICIES = ("oracle", "oracle_net", "oracle_sched")
 # policies with a removal cost that an error-targeted budget (max_error) can bound
 ERROR_POLICIES = ("base_plus", "base", "oracle")
 # policies that read calibration statistics (the predictor file)
 STAT_POLICIES = {"base_plus": "predictor", "base": "predictor", "sere": "sere_sim",
                  "exfold": "exfold_coef", "frequency": "expert_freq", "base_net": "predictor",
-                 "base_floor": "predictor", "base_sched": "layer_budget",
+                 "base_sched": "layer_budget",
                  "oracle_sched": "layer_budget"}
 # policies whose "native" combine rule is partial renormalisation instead of the model's convention
 PARTIAL_NATIVE = ("base_plus", *VARIANTS)
@@ -48,7 +47,7 @@ class SelectionConfig:
                  each expert's own weight (backfilled experts get p scaled like the routed ones), and
                  "partial" multiplies the "never" weights of a token by (W / their sum) ** renorm_alpha,
                  between never (alpha 0) and always (alpha 1).
-                 The VARIANTS (base_net, base_floor, base_sched and their oracle_* twins) are base_plus
+                 The VARIANTS (base_net, base_sched and their oracle_* twins) are base_plus
                  with another kept-set rule (selection.py); their native rule is "partial" too.
     renorm_alpha: exponent of "partial" renormalisation, in [0, 1].
     net_lambda : base_net / oracle_net: share of the backfill expert's contribution subtracted from

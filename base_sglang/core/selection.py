@@ -24,8 +24,8 @@ iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w
 bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
 
 The issue-13 variants (config.VARIANTS, variants.py) keep base_plus's backfill and combine rule and change
-the kept set: base_net (backfill-aware net loss), base_floor (every token's top-1 first) and base_sched
-(a calibrated per-layer budget); oracle_net / oracle_floor / oracle_sched are the same rules on true norms.
+the kept set: base_net (backfill-aware net loss) and base_sched (a calibrated per-layer budget);
+oracle_net / oracle_sched are the same rules on true norms.
 They run here only (the Triton kernels hand them to this core).
 
 Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
@@ -42,7 +42,7 @@ import torch
 from .config import ERROR_POLICIES, VARIANTS, SelectionConfig
 from .error_budget import error_budgets, score_rank
 from .predictor import Predictor
-from .variants import floor_kept, net_kept, scheduled_budget
+from .variants import net_kept, scheduled_budget
 
 
 class SelectionStats(NamedTuple):
@@ -206,9 +206,6 @@ def _variant_kept_set(variant, ids, w, valid, in_union, m, logits, real, routed_
         d = _batch_score(ids, c, valid, E)  # [E] true D_u
     if objective == "top":
         return d, top_m_mask(d, m, in_union)
-    if objective == "floor":
-        top1 = _membership(ids, valid & (slot_rank(w) == 0), E).any(0)  # [E]
-        return d, floor_kept(d, m, top1, in_union, top_m_mask)
     if costs == "pred":
         def norm2(b):  # [T] predicted ||E_b(z_t)||^2
             return torch.exp(2.0 * predictor.predict_log_norm(layer_id, hidden, b[:, None])[:, 0])

@@ -1,4 +1,4 @@
-"""Kept-set variants of base_plus (issue 13): backfill-aware net loss, per-token floor, layer schedule.
+"""Kept-set variants of base_plus (issue 13): backfill-aware net loss, per-layer budget schedule.
 
 Each variant keeps base_plus's backfill and combine rule and changes only which M experts are kept
 (or, for the schedule, how many at this layer). selection.py calls them with the removal costs of the
@@ -11,8 +11,6 @@ policy: predicted (base_*) or true (oracle_*, the same rule with true expert-out
          (the backfill that u would push out again). w~ = p_b W / sum_{routed} p (the weight a
          backfilled expert gets before renormalisation). S_0 = top-M(D); S_i = top-M(D_net(.; S_{i-1}))
          for a constant number of iterations (ties broken by D).
-  floor  every distinct top-1 expert of the real rows is kept when M >= their number; the other
-         M - |F| by D. Otherwise plain top-M(D).
   sched  the layer runs M_l = layer_budget[l, M] (a calibrated table with the same total over the
          layers as L * M; calibration/layer_schedule.py); M >= E stays dense.
 
@@ -33,17 +31,6 @@ def scheduled_budget(m: torch.Tensor, table: torch.Tensor, num_experts: int) -> 
     idx = m.clamp(0, num_experts).reshape(1)  # [1] a gather, not an index (no host sync)
     m_l = table.to(m.device).gather(0, idx)[0].round().long().clamp(0, num_experts)  # []
     return torch.where(m >= num_experts, m, m_l)
-
-
-def floor_kept(d: torch.Tensor,  # [E] batch removal score
-               m: torch.Tensor,  # [] batch budget
-               top1: torch.Tensor,  # [E] bool: some real row's heaviest routed expert
-               in_union: torch.Tensor,  # [E]
-               top_m_mask: Callable) -> torch.Tensor:
-    """[E] kept mask: the top-1 experts first when they fit in M, then by d."""
-    fits = top1.sum() <= m  # []
-    score = torch.where(top1 & fits, torch.full_like(d.float(), float("inf")), d.float())  # [E]
-    return top_m_mask(score, m, in_union)
 
 
 def net_kept(d: torch.Tensor,  # [E] batch removal score D (predicted or true)

@@ -36,9 +36,9 @@ def _meta(batch=8):
 def test_settings_for_the_variants():
     assert "base_net" in ALL_POLICIES and "base_net" not in DEFAULT_POLICIES
     assert "oracle_plus" in DEFAULT_POLICIES and "base_plus" in DEFAULT_POLICIES
-    s = build_settings(["base_net", "oracle_net", "base_floor", "oracle_sched"], 64, 8, [8, 16],
+    s = build_settings(["base_net", "oracle_net", "base_sched", "oracle_sched"], 64, 8, [8, 16],
                        net_lambda=0.25, net_iters=3)[1:]
-    assert [(x.policy, x.budget) for x in s] == [(p, m) for p in ("base_net", "oracle_net", "base_floor",
+    assert [(x.policy, x.budget) for x in s] == [(p, m) for p in ("base_net", "oracle_net", "base_sched",
                                                                   "oracle_sched") for m in (8, 16)]
     assert all(x.config.net_lambda == 0.25 and x.config.net_iters == 3 for x in s[:4])
     assert all(x.config.combine_mode(True) == "partial" for x in s)
@@ -48,29 +48,29 @@ def _variant_rows():
     return [_row("dense", "-", 30, 0.0),
             _row("base_plus", 8, 8, 20.0), _row("base_plus", 16, 16, 5.0),
             _row("oracle_plus", 8, 8, 18.5), _row("oracle_plus", 16, 16, 4.8),
-            _row("base_floor", 8, 8.0, 18.0), _row("base_floor", 16, 16.0, 6.0),
-            _row("oracle_floor", 8, 8, 17.0), _row("oracle_floor", 16, 16, 5.0)]
+            _row("base_net", 8, 8.0, 18.0), _row("base_net", 16, 16.0, 6.0),
+            _row("oracle_net", 8, 8, 17.0), _row("oracle_net", 16, 16, 5.0)]
 
 
 def test_own_oracle_and_variant_against_base_plus():
     rows = _variant_rows()
-    o = own_oracle(rows, "base_floor", top_k=8)
+    o = own_oracle(rows, "base_net", top_k=8)
     assert [(e["M"], round(e["over"], 4), e["within_10pct"]) for e in o["per_M"]] == [
         (8, round(18 / 17, 4), True), (16, 1.2, False)]
-    assert o["all_within_10pct"] is False and o["oracle"] == "oracle_floor"
+    assert o["all_within_10pct"] is False and o["oracle"] == "oracle_net"
     c = check_targets(rows, None, None, top_k=8)
-    assert c["policy"] == "base_plus" and "base_floor" in c["own_oracle"]
+    assert c["policy"] == "base_plus" and "base_net" in c["own_oracle"]
     interp = {e["setting"]: e for e in c["matched_interp"]}
-    assert "oracle_floor M=8" not in interp  # oracles are references, not competitors
-    assert interp["base_floor M=8"]["beats_ref"] and not interp["base_floor M=16"]["beats_ref"]
-    assert interp["base_floor M=8"]["significant"]  # 0.02 nats vs se 0.0014
+    assert "oracle_net M=8" not in interp  # oracles are references, not competitors
+    assert interp["base_net M=8"]["beats_ref"] and not interp["base_net M=16"]["beats_ref"]
+    assert interp["base_net M=8"]["significant"]  # 0.02 nats vs se 0.0014
     res = {"meta": _meta(), "rows": rows, "checks": c}
     text = variants(res)
     line8 = next(ln for ln in text.splitlines() if ln.startswith("| 8 |"))
     assert "| 20.0 | 18.5 | 18.0 | 17.0 | 1.08 ok | 1.06 ok |" in line8
-    assert "| base_floor M=8 | 8.0 | 18.0 | 20.0 | **yes** (> 2 SE) |" in text
+    assert "| base_net M=8 | 8.0 | 18.0 | 20.0 | **yes** (> 2 SE) |" in text
     row = vtargets([res]).splitlines()[2]
-    assert "| base_floor | **missed**: worst 1.20x at M=16 | 8* | 16* | - |" in row
+    assert "| base_net | **missed**: worst 1.20x at M=16 | 8* | 16* | - |" in row
 
 
 def test_merge_adds_baseline_rows_and_checks_the_variant_as_reference(tmp_path):
@@ -84,10 +84,10 @@ def test_merge_adds_baseline_rows_and_checks_the_variant_as_reference(tmp_path):
     res = merge(str(out), [str(a), str(b)])
     by = {(r["policy"], r["value"]): r for r in res["rows"]}
     assert by[("base_plus", 8)]["dppl_pct"] == 20.0 and by[("gate_sum", 12)]["source"] == str(b)
-    ref = res["checks_by_ref"]["base_floor"]
-    # base_floor at cost 12: halfway 18 -> 6 = 12.0 > gate_sum's 11.0; base_plus beats it at M=16 (5 < 6),
+    ref = res["checks_by_ref"]["base_net"]
+    # base_net at cost 12: halfway 18 -> 6 = 12.0 > gate_sum's 11.0; base_plus beats it at M=16 (5 < 6),
     # not at M=8 (20 > 18)
-    assert ref["policy"] == "base_floor" and ref["beaten_by"] == ["base_plus M=16", "gate_sum M=12"]
+    assert ref["policy"] == "base_net" and ref["beaten_by"] == ["base_plus M=16", "gate_sum M=12"]
     assert json.loads(out.read_text())["meta"]["merged_from"][1]["path"] == str(b)
     other = {"meta": _meta(batch=16), "rows": old_rows}
     b.write_text(json.dumps(other))
@@ -121,3 +121,6 @@ def test_allocate_is_the_exact_minimum_with_the_same_total():
                            [0, 5], 4, 1)
     assert table.tolist() == [[0, 1, 2, 2, 4], [0, 1, 2, 4, 4]]
     assert np.all(table.sum(0) == 2 * np.arange(5))
+    capped = schedule_table({0: [(1, 10.0), (2, 1.0), (3, 0.5)], 5: [(1, 2.0), (2, 1.5), (3, 1.0)]},
+                            [0, 5], 4, 1, up_to=2)
+    assert capped.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]  # m = 3 > up_to: uniform

@@ -1,4 +1,4 @@
-"""Issue-13 kept-set variants: backfill-aware net loss, per-token top-1 floor, per-layer schedule.
+"""Issue-13 kept-set variants: backfill-aware net loss and per-layer budget schedule.
 
 Small hand-computed cases (true norms through the oracle_* twins, whose costs the test sets exactly),
 the predicted-cost versions against the oracle_* ones on a predictor that predicts known norms, and
@@ -82,7 +82,7 @@ def constant_norm_predictor(E, H, K, log_norms):
     return pred
 
 
-@pytest.mark.parametrize("policy", ["net", "floor", "sched"])
+@pytest.mark.parametrize("policy", ["net", "sched"])
 @pytest.mark.parametrize("M", [2, 4, 6, 9])
 def test_predicted_versions_match_their_oracles_when_the_prediction_is_exact(policy, M):
     T, E, K, H = 12, 10, 3, 8
@@ -111,62 +111,6 @@ def test_net_with_zero_lambda_is_base_plus():
         n = select_experts(logits, ids, w, hidden, b, 0,
                            SelectionConfig(policy="base_net", net_lambda=0.0), pred)
         assert torch.equal(a.ids, n.ids) and torch.equal(a.weights, n.weights)
-
-
-# ---- per-token floor -----------------------------------------------------------------------
-# top-2, 4 experts. t0, t1 route (0, 1) with w (0.6, 0.4), norms 1; t2 routes (2, 3) with w (0.9, 0.1),
-# norms (0.1, 1): D = (0.72, 0.32, 0.0081, 0.01); the top-1 experts are {0, 2}.
-FL_LOGITS = torch.tensor([[2.0, 1.6, 0.0, -1.0], [2.0, 1.6, 0.0, -1.0], [0.0, -1.0, 2.0, 0.0]])
-FL_IDS = torch.tensor([[0, 1], [0, 1], [2, 3]])
-FL_W = torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.9, 0.1]])
-FL_NORMS = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.1, 1.0]])
-
-
-@pytest.mark.parametrize("M, floor, top", [(1, {0}, {0}), (2, {0, 2}, {0, 1}), (3, {0, 1, 2}, {0, 1, 3}),
-                                           (4, {0, 1, 2, 3}, {0, 1, 2, 3})])
-def test_floor_keeps_every_top1_when_they_fit(M, floor, top):
-    b = torch.full((3,), M)
-
-    def run(policy, **kw):
-        return kept(select_experts(FL_LOGITS, FL_IDS, FL_W, None, b, 0, SelectionConfig(policy=policy, **kw),
-                                   None, routed_norms=FL_NORMS))
-
-    assert run("oracle_floor") == floor  # M = 1 < 2 distinct top-1 experts: plain top-M
-    assert run("oracle", renorm="partial") == top
-
-
-def test_floor_ignores_padded_rows_and_uses_weights_not_slot_order():
-    ids = FL_IDS.clone()
-    w = FL_W.clone()
-    ids[2] = torch.tensor([3, 2])  # same routing, top-1 (expert 2) in the second slot
-    w[2] = torch.tensor([0.1, 0.9])
-    norms = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.1]])
-    sel = select_experts(FL_LOGITS, ids, w, None, torch.full((3,), 2), 0,
-                         SelectionConfig(policy="oracle_floor"), None, routed_norms=norms)
-    assert kept(sel) == {0, 2}
-    pad = torch.tensor([2, 2, -1])  # the only row whose top-1 is expert 2 is padding
-    sel = select_experts(FL_LOGITS, ids, w, None, pad, 0, SelectionConfig(policy="oracle_floor"),
-                         None, routed_norms=norms)
-    assert kept(sel) == {0, 1}
-
-
-def test_base_floor_is_top1_plus_top_d_of_the_rest():
-    T, E, K, H = 16, 12, 4, 8
-    logits, ids, w = make_routing(T, E, K, seed=2, skew=0.3)
-    hidden = torch.randn(T, H)
-    pred = make_predictor(E, H, K, seed=2)
-    D = base_scores_ref(pred, 0, hidden, ids, w, torch.ones(T, dtype=torch.bool))
-    top1 = {int(ids[t, int(w[t].argmax())]) for t in range(T)}
-    union = {int(e) for e in ids.flatten()}
-    for M in range(1, E):
-        sel = select_experts(logits, ids, w, hidden, torch.full((T,), M), 0,
-                             SelectionConfig(policy="base_floor"), pred)
-        if M >= len(top1):
-            rest = sorted(union - top1, key=lambda e: (-float(D[e]), e))
-            want = top1 | set(rest[:M - len(top1)])
-        else:
-            want = set(sorted(union, key=lambda e: (-float(D[e]), e))[:M])
-        assert kept(sel) == want, M
 
 
 # ---- per-layer schedule --------------------------------------------------------------------
@@ -206,13 +150,16 @@ def test_sched_needs_a_table_and_oracles_need_norms():
     b = torch.full((T,), 2)
     with pytest.raises(ValueError, match="layer_budget"):
         select_experts(logits, ids, w, torch.randn(T, H), b, 0, SelectionConfig(policy="base_sched"), pred)
-    with pytest.raises(ValueError, match="oracle_floor: routed_norms"):
-        select_experts(logits, ids, w, None, b, 0, SelectionConfig(policy="oracle_floor"), pred)
+    with pytest.raises(ValueError, match="oracle_sched: the predictor file has no 'layer_budget'"):
+        select_experts(logits, ids, w, None, b, 0, SelectionConfig(policy="oracle_sched"), pred)
+    pred.layer_budget = torch.arange(E + 1, dtype=torch.float32)[None]
+    with pytest.raises(ValueError, match="oracle_sched: routed_norms"):
+        select_experts(logits, ids, w, None, b, 0, SelectionConfig(policy="oracle_sched"), pred)
     with pytest.raises(ValueError, match="oracle_net: expert_norms"):
         select_experts(logits, ids, w, None, b, 0, SelectionConfig(policy="oracle_net"), pred,
                        routed_norms=torch.ones(T, K))
     with pytest.raises(ValueError, match="max_error"):
-        select_experts(logits, ids, w, torch.randn(T, H), b, 0, SelectionConfig(policy="base_floor"),
+        select_experts(logits, ids, w, torch.randn(T, H), b, 0, SelectionConfig(policy="base_net"),
                        pred, max_error=torch.full((T,), 0.1))
 
 
