@@ -5,6 +5,8 @@
 # committed quality runs; run B = base_sched, oracle_sched at the scheduled budgets (<= 1.5k; above
 # them the schedule is uniform, i.e. base_plus); then one merged file with the committed baseline
 # rows (python -m base_sglang.calibration.sweep merge). Writes benchmarks/results/q3/report_*.
+# The committed runs used transformers 5.17.0: use the same version, or the merge refuses the files
+# (their dense NLL differs).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 P2DIR=${1:-.proxy2/proxy2-moe}
@@ -18,7 +20,8 @@ run() {  # name model predictor sched_predictor old_json batch num_batches "budg
   base-eval --model "$model" --predictor "$spred" $C --batch-size "$b" --num-batches "$nb" \
     --budgets $sb --policies base_sched,oracle_sched --out "$R/q3/report_${name}_b${b}_sched"
   python -m base_sglang.calibration.sweep merge "$R/q3/report_${name}_b${b}.json" \
-    "$R/q3/report_${name}_b${b}_net.json" "$R/q3/report_${name}_b${b}_sched.json" "$old"
+    "$R/q3/report_${name}_b${b}_net.json" "$R/q3/report_${name}_b${b}_sched.json" "$old" ||
+    echo "merge of report_${name}_b${b} failed (see above); the run files stand alone"
 }
 P1=base_sglang/models/proxy-moe
 run proxy $P1 $P1/predictor.safetensors $R/q3/schedule_proxy_upto12.safetensors \
