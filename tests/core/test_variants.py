@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from core_helpers import base_scores_ref, make_predictor, make_routing
+from core_helpers import make_predictor, make_routing
 
 from base_sglang.core import SelectionConfig, select_experts
 from base_sglang.core.config import ORACLE_OF, PARTIAL_NATIVE, VARIANTS
