@@ -90,7 +90,7 @@ def test_merge_adds_baseline_rows_and_checks_the_variant_as_reference(tmp_path):
     assert ref["policy"] == "base_net" and ref["beaten_by"] == ["base_plus M=16", "gate_sum M=12"]
     assert json.loads(out.read_text())["meta"]["merged_from"][1]["path"] == str(b)
     row = vtargets([res]).splitlines()[2]  # base_plus is not a "baseline" in the last column
-    assert row.endswith("| gate_sum M=12 (12.0 exp.: 11.0 vs 12.0 %) |")
+    assert row.endswith("| gate_sum M=12 (12.0 exp.: 11.0 vs 12.0 %) > 2 SE |")
     other = {"meta": _meta(batch=16), "rows": old_rows}
     b.write_text(json.dumps(other))
     with pytest.raises(ValueError, match="merge"):
