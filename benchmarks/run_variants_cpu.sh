@@ -24,6 +24,14 @@ run() {  # name model predictor sched_predictor old_json batch num_batches "budg
     echo "merge of report_${name}_b${b} failed (see above); the run files stand alone"
 }
 P1=base_sglang/models/proxy-moe
+# the schedule files (predictor + layer_budget table) are not committed: rebuild them from the
+# committed calibration curves (seconds; `layer_schedule` without --curves re-measures them, 5 min)
+sched() {  # out_stem model predictor curves_json
+  [ -f "$1.safetensors" ] || python -m base_sglang.calibration.layer_schedule --model "$2" \
+    --predictor "$3" --data base_sglang/data/heldout.txt --out "$1" --curves "$4"
+}
+sched $R/q3/schedule_proxy_upto12 $P1 $P1/predictor.safetensors $R/q3/schedule_proxy.json
+sched $R/q3/schedule_proxy2 "$P2DIR" $R/proxy2/predictor.safetensors $R/q3/schedule_proxy2.json
 run proxy $P1 $P1/predictor.safetensors $R/q3/schedule_proxy_upto12.safetensors \
   $R/quality_proxy_b8.json 8 8 "4 8 12 16 19 24 32 40 48" "4 8 12"
 run proxy $P1 $P1/predictor.safetensors $R/q3/schedule_proxy_upto12.safetensors \

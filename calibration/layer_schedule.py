@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -196,7 +197,10 @@ def _write(args, predictor, layers, curves, grid, up_to, E, K, t0, measured: dic
             "command": "python -m base_sglang.calibration.layer_schedule " + " ".join(args.argv),
             "split": "calib", **measured, "grid": grid, "up_to": up_to, "num_experts": E, "top_k": K,
             "seconds": round(time.time() - t0, 1), **environment()}
-    with open(out.with_suffix(".json"), "w") as f:
+    same = bool(args.curves) and Path(args.curves).resolve() == out.with_suffix(".json").resolve()
+    if same:  # rebuilding the table of a measured run: keep its record (curves, command, commit)
+        print(f"{out.with_suffix('.json')} kept (the curves were read from it)")
+    with open(os.devnull if same else out.with_suffix(".json"), "w") as f:
         json.dump({"meta": meta, "curves": {str(k): v for k, v in curves.items()},
                    "table": {str(layer): [int(x) for x in table[j]] for j, layer in enumerate(layers)}},
                   f, indent=1)

@@ -125,3 +125,44 @@ def test_allocate_is_the_exact_minimum_with_the_same_total():
     capped = schedule_table({0: [(1, 10.0), (2, 1.0), (3, 0.5)], 5: [(1, 2.0), (2, 1.5), (3, 1.0)]},
                             [0, 5], 4, 1, up_to=2)
     assert capped.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]  # m = 3 > up_to: uniform
+
+
+def test_layer_schedule_cli_end_to_end_and_base_sched_eval(tiny_ckpt, tiny_data, tmp_path):
+    """Measure curves on the tiny model (calib split), write predictor + table, rebuild it from the
+    curves without touching the record, and run base_sched / oracle_sched through base-eval."""
+    from base_sglang.calibration.calibrate import main as calibrate_main
+    from base_sglang.calibration.eval import main as eval_main
+    from base_sglang.calibration.layer_schedule import main
+    from base_sglang.core import Predictor
+
+    model = str(tiny_ckpt("qwen3_moe"))
+    pred = tmp_path / "p.safetensors"
+    assert calibrate_main(["--model", model, "--data", str(tiny_data), "--out", str(pred),
+                           "--num-seqs", "16", "--seq-len", "24", "--heldout-every", "4",
+                           "--stat-batch", "4", "--quiet"]) == 0
+    small = ["--batch-size", "2", "--num-batches", "1", "--prefix", "6", "--steps", "3"]
+    stem = tmp_path / "s"
+    assert main(["--model", model, "--predictor", str(pred), "--data", str(tiny_data), "--out",
+                 str(stem), "--budgets", "1", "2", "--up-to", "3", *small]) == 0
+    rec = json.loads(stem.with_suffix(".json").read_text())
+    p = Predictor.load(stem.with_suffix(".safetensors"))
+    E, L = p.meta.num_experts, len(p.meta.moe_layers)
+    assert rec["meta"]["split"] == "calib" and sorted(map(int, rec["curves"])) == p.meta.moe_layers
+    assert p.layer_budget.shape == (L, E + 1)
+    assert p.layer_budget.sum(0).tolist() == [L * m for m in range(E + 1)]  # same total per step
+    assert all(p.layer_budget[:, m].tolist() == [m] * L for m in range(4, E + 1))  # above --up-to
+    before = stem.with_suffix(".json").read_text()
+    assert main(["--model", model, "--predictor", str(pred), "--data", str(tiny_data), "--out",
+                 str(stem), "--curves", str(stem.with_suffix(".json")), "--up-to", "0"]) == 0
+    assert stem.with_suffix(".json").read_text() == before  # the measured record is kept
+    assert Predictor.load(stem.with_suffix(".safetensors")).layer_budget[:, 2].tolist() == [2] * L
+    out = tmp_path / "e"
+    assert eval_main(["--model", model, "--predictor", str(stem.with_suffix(".safetensors")),
+                      "--data", str(tiny_data), "--out", str(out), "--policies",
+                      "base_plus,base_sched,oracle_sched,base_net,oracle_net", "--budgets", "2",
+                      "--quiet", "--batch-size", "4", "--num-batches", "1", "--prefix", "8",
+                      "--steps", "4"]) == 0
+    rows = {r["setting"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    # --up-to 0: the schedule is uniform, so base_sched is base_plus exactly
+    assert rows["base_sched M=2"]["nll"] == rows["base_plus M=2"]["nll"]
+    assert rows["oracle_net M=2"]["experts"] <= 2 and rows["base_net M=2"]["experts"] <= 2
