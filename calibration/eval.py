@@ -26,7 +26,7 @@ from base_sglang.calibration.data import (
     tokenize_documents,
     windows,
 )
-from base_sglang.calibration.sweep import ALL_POLICIES, NEEDS_PREDICTOR
+from base_sglang.calibration.sweep import ALL_POLICIES, DEFAULT_POLICIES, NEEDS_PREDICTOR
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-batches", type=int, default=4, help="batches of B windows to score")
     p.add_argument("--prefix", type=int, default=64, help="tokens prefilled densely")
     p.add_argument("--steps", type=int, default=64, help="decode steps under the policy")
-    p.add_argument("--policies", default=",".join(ALL_POLICIES),
-                   help=f"comma-separated subset of {','.join(ALL_POLICIES)}")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help=f"comma-separated subset of {','.join(ALL_POLICIES)} (default: all but the "
+                        f"issue-13 variants base_net, base_sched and their oracle_*)")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
     p.add_argument("--renorm", default="native", choices=("native", "always", "never", "partial"),
@@ -53,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "each policy's own rule: partial for base_plus/oracle_plus)")
     p.add_argument("--renorm-alpha", type=float, default=0.5,
                    help="exponent of partial renormalisation (base_plus, oracle_plus, --renorm partial)")
+    p.add_argument("--net-lambda", type=float, default=1.0,
+                   help="base_net / oracle_net: share of the backfill expert's contribution taken off "
+                        "each removal cost (0..1)")
+    p.add_argument("--net-iters", type=int, default=2,
+                   help="base_net / oracle_net: re-selections on the net loss (>= 1)")
     p.add_argument("--no-backfill", action="store_true",
                    help="drop removed slots instead of backfilling them (ablation)")
     p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
@@ -143,7 +149,8 @@ def run(args) -> int:
     taus = args.lynx_tau or [1.0, 0.25, 1 / args.batch_size, 1 / args.batch_size ** 2]
     settings = build_settings(policies, E, K, budgets, renorm=args.renorm, renorm_alpha=args.renorm_alpha,
                               backfill=not args.no_backfill, lynx_taus=taus,
-                              max_errors=tuple(args.max_errors or ()))[1:]
+                              max_errors=tuple(args.max_errors or ()), net_lambda=args.net_lambda,
+                              net_iters=args.net_iters)[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -161,7 +168,8 @@ def run(args) -> int:
                      "steps": args.steps, "split": args.split, "eval_percent": args.eval_percent,
                      "tune_percent": args.tune_percent,
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
-                     "renorm_alpha": args.renorm_alpha,
+                     "renorm_alpha": args.renorm_alpha, "net_lambda": args.net_lambda,
+                     "net_iters": args.net_iters,
                      "backfill": not args.no_backfill, "lynx_taus": taus,
                      "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

@@ -8,10 +8,14 @@ import torch
 
 from base_sglang.calibration.decode_eval import Setting, Trace
 from base_sglang.core import DEFAULT_POLICY, POLICIES, SelectionConfig
-from base_sglang.core.config import BUDGETED_POLICIES, STAT_POLICIES
+from base_sglang.core.config import BUDGETED_POLICIES, ORACLE_OF, STAT_POLICIES, VARIANTS
 
 # the sweep runs dense as its reference; oracle_plus is an evaluation-only policy (below)
 ALL_POLICIES = tuple(p for p in POLICIES if p != "dense") + ("oracle_plus",)
+# base-eval's default: every policy but the issue-13 variants (they are asked for by name; base_sched
+# needs a predictor file with a layer schedule)
+DEFAULT_POLICIES = tuple(p for p in ALL_POLICIES if p not in VARIANTS)
+NET_POLICIES = tuple(p for p, v in VARIANTS.items() if v[1] == "net")
 BUDGETED = BUDGETED_POLICIES + ("oracle_plus",)  # kept-set size = budget (M or D)
 NEEDS_PREDICTOR = tuple(STAT_POLICIES)
 KNOB = {p: "M" for p in BUDGETED} | {"exfold": "D"}
@@ -34,7 +38,8 @@ def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
 def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: list[int],
                    renorm: str = "native", backfill: bool = True,
                    lynx_taus: tuple[float, ...] = (1.0,),
-                   max_errors: tuple[float, ...] = (), renorm_alpha: float = 0.5) -> list[Setting]:
+                   max_errors: tuple[float, ...] = (), renorm_alpha: float = 0.5,
+                   net_lambda: float = 1.0, net_iters: int = 2) -> list[Setting]:
     """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
     pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx). max_errors adds
     base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap)."""
@@ -47,6 +52,9 @@ def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: l
         if p == "oracle_plus":
             out += [Setting(f"{p} M={m}", p, "M", m, SelectionConfig(policy="oracle", **plus_kw), m)
                     for m in budgets]
+        elif p in NET_POLICIES:
+            out += [Setting(f"{p} M={m}", p, "M", m, SelectionConfig(
+                policy=p, net_lambda=net_lambda, net_iters=net_iters, **kw), m) for m in budgets]
         elif p == "exfold":
             out += [Setting(f"exfold D={m}", p, "D", m, SelectionConfig(policy=p), m) for m in budgets]
         elif p in BUDGETED:
@@ -157,7 +165,8 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             entry[f"over_{orc}"] = b["dppl_pct"] / o["dppl_pct"] if o["dppl_pct"] > 0 else float("nan")
         out["matched_budget"].append(entry)
     for r in rows:
-        if r["policy"] in ("dense", ref, *ORACLES, f"{ref}_err"):  # _err: the default, error-targeted
+        if r["policy"] in ("dense", ref, *ORACLES, *ORACLE_OF.values(), f"{ref}_err"):
+            # oracles are references, not competitors; _err: the default, error-targeted
             continue
         y = _interp(xs, ys, r["experts"])
         y_nll = _interp(xs, ys_nll, r["experts"])
@@ -178,6 +187,8 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
     out["beaten_by"] = [e["setting"] for e in out["matched_interp"] if e["beats_ref"]]
     out["beaten_significantly_by"] = [e["setting"] for e in out["matched_interp"]
                                       if e["beats_ref"] and e["significant"]]
+    out["own_oracle"] = {p: own_oracle(rows, p, top_k) for p in ORACLE_OF
+                         if any(r["policy"] == p for r in rows)}
     if half_m is not None and (ref, half_m) in by:
         out["half_union_M"] = half_m
         out["half_union_dppl_pct"] = by[(ref, half_m)]["dppl_pct"]
@@ -188,6 +199,60 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
             out["predictor_spearman_min"] = min(rho)
             out["predictor_spearman_ok"] = min(rho) >= 0.9
     return out
+
+
+def own_oracle(rows: list[dict], policy: str, top_k: int | None = None) -> dict:
+    """policy's increase against its own true-norm oracle (ORACLE_OF) at each budget M: ratio, the
+    10 % flag (checked at M >= top_k) and whether the gap exceeds two standard errors."""
+    orc = ORACLE_OF[policy]
+    by = {(r["policy"], r["value"]): r for r in rows}
+    per_m = []
+    for r in sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["value"]):
+        o = by.get((orc, r["value"]))
+        if o is None:
+            continue
+        per_m.append({"M": r["value"], "dppl_pct": r["dppl_pct"], "oracle_dppl_pct": o["dppl_pct"],
+                      "over": r["dppl_pct"] / o["dppl_pct"] if o["dppl_pct"] > 0 else float("nan"),
+                      "within_10pct": r["dppl_pct"] <= 1.1 * o["dppl_pct"] + 1e-9,
+                      "significant": _significant(r.get("dnll", 0) - o.get("dnll", 0),
+                                                  r.get("dnll_se"), o.get("dnll_se"))})
+    checked = [e["within_10pct"] for e in per_m if top_k is None or e["M"] >= top_k]
+    return {"oracle": orc, "per_M": per_m, "all_within_10pct": bool(checked) and all(checked)}
+
+
+def merge(out_path: str, paths: list[str]) -> dict:
+    """Rows of the first file plus those of the others that it lacks (same (policy, value)); the
+    first file's meta, with where every row came from; checks recomputed, also with each issue-13
+    variant as the reference (checks_by_ref). The files must score the same windows."""
+    import json
+
+    files = [json.loads(open(p).read()) for p in paths]
+    base = files[0]
+    keys = {(r["policy"], r["value"]) for r in base["rows"]}
+    rows = list(base["rows"])
+    for path, res in zip(paths[1:], files[1:]):
+        if res["meta"]["settings"].get("batch_size") != base["meta"]["settings"].get("batch_size") or \
+                res["meta"].get("model") != base["meta"].get("model"):
+            raise ValueError(f"merge: {path} scores another model or batch size than {paths[0]}")
+        dense_a = next(r for r in base["rows"] if r["policy"] == "dense")
+        dense_b = next(r for r in res["rows"] if r["policy"] == "dense")
+        if abs(dense_a["nll"] - dense_b["nll"]) > 1e-9 or dense_a["tokens"] != dense_b["tokens"]:
+            raise ValueError(f"merge: {path} scores other windows than {paths[0]} (dense nll differs)")
+        for r in res["rows"]:
+            if (r["policy"], r["value"]) not in keys:
+                rows.append(dict(r, source=path))
+                keys.add((r["policy"], r["value"]))
+    top_k = base["meta"].get("top_k")
+    half_m = base.get("checks", {}).get("half_union_M")
+    meta = dict(base["meta"], merged_from=[{"path": p, "commit": f["meta"].get("commit"),
+                                            "command": f["meta"].get("command")}
+                                           for p, f in zip(paths, files)])
+    res = {"meta": meta, "rows": rows, "checks": check_targets(rows, half_m, None, top_k=top_k),
+           "checks_by_ref": {p: check_targets(rows, None, None, top_k=top_k, default=p)
+                             for p in ORACLE_OF if p != DEFAULT and any(r["policy"] == p for r in rows)}}
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) else str(x))
+    return res
 
 
 def recheck(paths: list[str]) -> None:
@@ -211,4 +276,10 @@ def recheck(paths: list[str]) -> None:
 if __name__ == "__main__":
     import sys
 
-    recheck(sys.argv[1:])
+    if sys.argv[1:2] == ["merge"]:
+        if len(sys.argv) < 5:
+            raise SystemExit("usage: python -m base_sglang.calibration.sweep merge OUT.json NEW.json "
+                             "OLD.json...")
+        merge(sys.argv[2], sys.argv[3:])
+    else:
+        recheck(sys.argv[1:])

@@ -4,6 +4,8 @@
     python -m base_sglang.calibration.tables targets FILE.json...   # the issue-13 targets, one row per file
     python -m base_sglang.calibration.tables errors FILE.json...    # error bound vs measured, all files
     python -m base_sglang.calibration.tables study FILE.json...     # predictor options per layer
+    python -m base_sglang.calibration.tables variants FILE.json...  # issue-13 variants vs base_plus, per file
+    python -m base_sglang.calibration.tables vtargets FILE.json...  # the variants' targets, one row each
 
 Every number is read from the files' rows and checks (calibration/sweep.py check_targets); nothing is
 re-measured here.
@@ -17,6 +19,10 @@ import sys
 
 BUDGET_COLS = ("base_plus", "base", "oracle", "oracle_plus", "gate_sum", "exfold", "frequency")
 KNOB_POLICIES = ("oea", "sere", "lynx")
+# ORACLE_OF keys besides base_plus (base_floor / oracle_floor: rows of the tune run, code removed)
+VARIANT_POLICIES = ("base_net", "base_floor", "base_sched")
+# the issue's other policies (a variant "beaten by a baseline" means one of these, at equal cost)
+BASELINES = ("base", "gate_sum", "frequency", "exfold", "oea", "sere", "lynx")
 
 
 def _load(path: str) -> dict:
@@ -148,6 +154,82 @@ def errors(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _oracle_of(policy: str) -> str:
+    """base_plus -> oracle_plus, base_X -> oracle_X (also for rows of variants since removed)."""
+    return "oracle_plus" if policy == "base_plus" else "oracle_" + policy.removeprefix("base_")
+
+
+def _own_oracle_cell(e: dict | None) -> str:
+    if e is None or e.get("over") is None or math.isnan(e["over"]):
+        return "-"
+    return f"{e['over']:.2f}" + (" ok" if e["within_10pct"] else " **miss**")
+
+
+def variants(res: dict) -> str:
+    """Per budget M: base_plus, oracle_plus and each variant with its oracle (ratio to it). The
+    variants execute M experts like base_plus (vtargets compares them at matched cost)."""
+    rows = res["rows"]
+    present = [p for p in VARIANT_POLICIES if any(r["policy"] == p for r in rows)]
+    by = {(r["policy"], r["value"]): r for r in rows}
+    own = res["checks"].get("own_oracle", {})
+    budgets = sorted({r["value"] for r in rows if r["policy"] in ("base_plus", *present)})
+    top_k = res["meta"]["top_k"]
+    cols = ["base_plus", "oracle_plus"] + [c for p in present for c in (p, _oracle_of(p))]
+    ratio_cols = ["base_plus"] + present
+    out = [header(res), "",
+           "| M | " + " | ".join(cols) + " | " +
+           " | ".join(f"{p} / {_oracle_of(p)}" for p in ratio_cols) + " |",
+           "|---:|" + "---:|" * (len(cols) + len(ratio_cols))]
+    for m in budgets:
+        cells = [_pct(by[(p, m)]["dppl_pct"]) if (p, m) in by else "-" for p in cols]
+        ratios = []
+        for p in ratio_cols:
+            e = next((x for x in own.get(p, {}).get("per_M", []) if x["M"] == m), None)
+            ratios.append(_own_oracle_cell(e) if m >= top_k else
+                          (_f(e["over"], 2) if e and e.get("over") is not None else "-"))
+        label = f"{m}" + (" (< k)" if m < top_k else "")
+        out.append(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(out)
+
+
+def vtargets(results: list[dict]) -> str:
+    """One row per (file, variant): within 10 % of its own oracle at M >= k, where it is lower / higher
+    than base_plus at matched cost (> 2 SE marked), and whether the baselines beat it (merged files)."""
+    out = ["| model | B | policy | within 10 % of its oracle (M >= k) | lower than base_plus at "
+           "matched cost (M) | not lower (M) | beaten by a baseline (paper's BASE, gate_sum, frequency, "
+           "ExFold, OEA, SERE, Lynx) |", "|---|---:|---|---|---|---|---|"]
+    for res in results:
+        c, k = res["checks"], res["meta"]["top_k"]
+        interp = {e["setting"]: e for e in c["matched_interp"]}
+        for p in VARIANT_POLICIES:
+            own = c.get("own_oracle", {}).get(p)
+            if own is None:
+                continue
+            es = [e for e in own["per_M"] if e["M"] >= k and e.get("over") is not None]
+            worst = max(es, key=lambda e: e["over"]) if es else None
+            cell = "-" if worst is None else (
+                ("met" if own["all_within_10pct"] else "**missed**") +
+                f": worst {worst['over']:.2f}x at M={worst['M']}")
+            lower, higher = [], []
+            for r in res["rows"]:
+                e = interp.get(r["setting"]) if r["policy"] == p else None
+                if e is None or e.get("beats_ref") is None:
+                    continue
+                tag = f"{r['value']}" + ("*" if e.get("significant") else "")
+                (lower if e["beats_ref"] else higher).append(tag)
+            ref = res.get("checks_by_ref", {}).get(p)
+            beaten = "-"
+            if ref is not None:
+                hits = [e for e in ref["matched_interp"] if e["beats_ref"] and e["policy"] in BASELINES]
+                beaten = "; ".join(f"{e['setting']} ({e['experts']:.1f} exp.: {_pct(e['dppl_pct'])} vs "
+                                   f"{_pct(e['ref_interp_dppl_pct'])} %)" +
+                                   (" > 2 SE" if e["significant"] else "") for e in hits) or "none"
+            s = res["meta"]["settings"]
+            out.append(f"| {res['meta']['model']} | {s['batch_size']} | {p} | {cell} | "
+                       f"{', '.join(lower) or 'none'} | {', '.join(higher) or 'none'} | {beaten} |")
+    return "\n".join(out) + "\n\n(* = difference larger than two standard errors)"
+
+
 def study(res: dict) -> str:
     """Held-out R^2 / Spearman / retained energy per layer and option, and each option's cost."""
     layers = res["layers"]
@@ -176,15 +258,17 @@ def study(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("quality", "targets", "errors", "study"):
-        raise SystemExit("usage: python -m base_sglang.calibration.tables quality|targets|errors|study "
-                         "FILE.json...")
+    per_file = {"quality": quality, "study": study, "variants": variants}
+    all_files = {"targets": targets, "errors": errors, "vtargets": vtargets}
+    if len(argv) < 2 or argv[0] not in (*per_file, *all_files):
+        raise SystemExit("usage: python -m base_sglang.calibration.tables "
+                         f"{'|'.join((*per_file, *all_files))} FILE.json...")
     results = [_load(p) for p in argv[1:]]
-    if argv[0] in ("targets", "errors"):
-        print((targets if argv[0] == "targets" else errors)(results))
+    if argv[0] in all_files:
+        print(all_files[argv[0]](results))
         return
     for res in results:
-        print((quality if argv[0] == "quality" else study)(res))
+        print(per_file[argv[0]](res))
         print()
 
 

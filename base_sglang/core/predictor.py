@@ -11,6 +11,8 @@ Shape legend: L = number of MoE layers, E = routed experts, H = hidden size.
   sere_sim     [L, E, E] fp32  SERE expert similarity                                     (optional)
   exfold_coef  [L, E, E] fp32  ExFold fold coefficient s -> t                              (optional)
   exfold_loss  [L, E, E] fp32  ExFold relative residual s -> t                             (optional)
+  layer_budget [L, E+1]  fp32  per-layer budget M_l for each batch budget M = 0..E (integer values,
+                               same total over the layers; calibration/layer_schedule.py)  (optional)
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 
 FORMAT_VERSION = 1
 METADATA_KEY = "base_sglang"
-OPTIONAL_TENSORS = ("expert_freq", "expert_norm", "sere_sim", "exfold_coef", "exfold_loss")
+OPTIONAL_TENSORS = ("expert_freq", "expert_norm", "sere_sim", "exfold_coef", "exfold_loss",
+                    "layer_budget")
 
 
 class PredictorMismatch(ValueError):
@@ -57,6 +60,7 @@ class Predictor:
     sere_sim: torch.Tensor | None = None  # [L, E, E]
     exfold_coef: torch.Tensor | None = None  # [L, E, E]
     exfold_loss: torch.Tensor | None = None  # [L, E, E]
+    layer_budget: torch.Tensor | None = None  # [L, E+1]
 
     def __post_init__(self):
         m = self.meta
@@ -67,6 +71,8 @@ class Predictor:
             t = getattr(self, name)
             if t is not None:
                 tail = (m.num_experts,) * (1 if name in ("expert_freq", "expert_norm") else 2)
+                if name == "layer_budget":
+                    tail = (m.num_experts + 1,)
                 _check_shape(name, t, (num_moe, *tail))
         self._slot = {layer: j for j, layer in enumerate(m.moe_layers)}
 

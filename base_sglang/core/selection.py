@@ -23,6 +23,11 @@ iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w
 (alpha = 0.5, W = the token's routed weight; see _combine_weights). With max_error, rows carrying a
 bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
 
+The issue-13 variants (config.VARIANTS, variants.py) keep base_plus's backfill and combine rule and change
+the kept set: base_net (backfill-aware net loss) and base_sched (a calibrated per-layer budget);
+oracle_net / oracle_sched are the same rules on true norms.
+They run here only (the Triton kernels hand them to this core).
+
 Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
 frequency/lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
 reduced with a one-hot sum (no float atomics), so repeated calls and every tensor-parallel rank agree.
@@ -34,9 +39,10 @@ from typing import NamedTuple
 
 import torch
 
-from .config import ERROR_POLICIES, SelectionConfig
+from .config import ERROR_POLICIES, VARIANTS, SelectionConfig
 from .error_budget import error_budgets, score_rank
 from .predictor import Predictor
+from .variants import net_kept, scheduled_budget
 
 
 class SelectionStats(NamedTuple):
@@ -62,19 +68,23 @@ def select_experts(
     predictor: Predictor | None = None,
     *,
     norm_topk_prob: bool = True,
-    routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle only)
+    routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle policies only)
     max_error: torch.Tensor | None = None,  # [T] float error bound per row, NaN = none (error_budget.py)
+    expert_norms: torch.Tensor | None = None,  # [T, E] true ||E_e(z_t)|| of every expert (oracle_net)
 ) -> Selection:
     """Turn the router's top-k into what one MoE layer executes in one decode step.
 
     With max_error, a row with a (non-NaN) bound asks for the smallest budget whose predicted relative
     error stays within it, capped by its integer budget (base_plus, base and oracle only).
+    The oracle_* variants take routed_norms, or expert_norms (from which routed_norms is gathered).
     """
     T, E = router_logits.shape
     K = topk_ids.shape[1]
     dev = router_logits.device
     raw = topk_ids.long()  # [T, K]; -1 may mark padding (e.g. SGLang DP padding rows)
     ids = raw.clamp_min(0)  # [T, K] safe for gathers; every use is masked by `valid`
+    if routed_norms is None and expert_norms is not None:
+        routed_norms = expert_norms.float().gather(1, ids)  # [T, K]
     w = torch.where(raw >= 0, topk_weights.float(), torch.zeros_like(topk_weights.float()))  # [T, K]
     budget = budget.to(dev).long()  # [T]
     real = budget >= 0  # [T]
@@ -87,8 +97,9 @@ def select_experts(
 
     pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
     pred_c = None  # [T, K] predicted removal cost w^2 exp(2 yhat)
-    if config.policy in ("base", "base_plus") and predictor is not None and \
-            layer_id not in config.skip_layers:
+    variant = VARIANTS.get(config.policy)  # (costs, objective, scheduled) or None
+    pred_policy = config.policy in ("base", "base_plus") or (variant is not None and variant[0] == "pred")
+    if pred_policy and predictor is not None and layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
         yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
@@ -102,6 +113,9 @@ def select_experts(
     any_dense = (real & (budget >= E)).any()  # []
     batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
     m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
+    if variant is not None and variant[2] and layer_id not in config.skip_layers:
+        table = _need(predictor, config.policy).layer_budget[predictor.slot(layer_id)]  # [E+1]
+        m = scheduled_budget(m, table, E)  # [] this layer's share of the schedule
 
     policy = config.policy
     if policy == "dense" or layer_id in config.skip_layers:
@@ -113,8 +127,13 @@ def select_experts(
         new_ids = torch.where(raw >= 0, new_ids, raw)  # a -1 slot stays dropped
         d = pred_d
     else:
-        d, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
-                            config, predictor, pred_d, routed_norms)
+        if variant is not None:
+            d, in_s = _variant_kept_set(variant, ids, w, valid, in_union, m, router_logits, real,
+                                        routed_row, layer_id, config, predictor, pred_c, pred_d,
+                                        hidden_states, routed_norms, expert_norms)
+        else:
+            d, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
+                                config, predictor, pred_d, routed_norms)
         if config.backfill:
             new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
         else:
@@ -166,6 +185,40 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
         score = _batch_score(ids, torch.pow(b, bins), valid, E)  # [E] sum_t B^bin
         return cost, (score >= config.lynx_tau) & in_union
     raise ValueError(f"policy: {policy!r} has no kept-set rule")
+
+
+def _variant_kept_set(variant, ids, w, valid, in_union, m, logits, real, routed_row, layer_id,
+                      config, predictor, pred_c, pred_d, hidden, routed_norms, expert_norms):
+    """(batch removal score D [E] for the stats, kept mask in_s [E]) of a VARIANTS policy."""
+    E = logits.shape[1]
+    costs, objective, _ = variant
+    policy = config.policy
+    if costs == "pred":
+        if pred_c is None:
+            _need(predictor, policy)
+            raise ValueError(f"{policy}: hidden_states are required to predict removal costs")
+        c, d = pred_c, pred_d
+    else:
+        if routed_norms is None:
+            raise ValueError(f"{policy}: routed_norms or expert_norms (true expert output norms) "
+                             f"are required")
+        c = w.square() * routed_norms.float().square()  # [T, K] true removal cost
+        d = _batch_score(ids, c, valid, E)  # [E] true D_u
+    if objective == "top":
+        return d, top_m_mask(d, m, in_union)
+    if costs == "pred":
+        def norm2(b):  # [T] predicted ||E_b(z_t)||^2
+            return torch.exp(2.0 * predictor.predict_log_norm(layer_id, hidden, b[:, None])[:, 0])
+    else:
+        if expert_norms is None:
+            raise ValueError(f"{policy}: expert_norms (true output norms of every expert, [T, E]) "
+                             f"are required")
+
+        def norm2(b):  # [T] true ||E_b(z_t)||^2
+            return expert_norms.float().gather(1, b[:, None])[:, 0].square()
+    _, in_s = net_kept(d, c, m, ids, w, valid, real, in_union, logits, routed_row, norm2,
+                       config.net_lambda, config.net_iters, top_m_mask)
+    return d, in_s
 
 
 def _error_cost(policy, pred_c, pred_d, w, ids, valid, E, routed_norms):

@@ -37,6 +37,8 @@ from ..core import (
     moe_forward_ref,
     select_experts,
 )
+from ..core.config import TRUE_NORM_POLICIES
+from ..core.moe_ref import all_expert_outputs
 from ..core.predictor import describe_model_config
 from .blocks import check_experts, find_moe_blocks, norm_topk_prob
 
@@ -141,15 +143,19 @@ class MoEPatch:
                 step.as_routed.add(layer_id)
                 return out
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, H]
-            norms = None
-            if self.config.policy == "oracle":
-                ex = block.experts
-                norms = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj, ex.act_fn)
-            sel = self._select(  # with max_error the Triton path hands the call to the core
+            select, norms = self._select, {}
+            ex = block.experts
+            if self.config.policy == "oracle_net":  # every expert's true norm: the core only
+                select = select_experts
+                norms["expert_norms"] = all_expert_outputs(
+                    x, ex.gate_up_proj, ex.down_proj, ex.act_fn).norm(dim=-1).transpose(0, 1)  # [T, E]
+            elif self.config.policy in TRUE_NORM_POLICIES:
+                norms["routed_norms"] = expert_output_norms(x, ids, ex.gate_up_proj, ex.down_proj,
+                                                            ex.act_fn)  # [T, K]
+            sel = select(  # with max_error the Triton path hands the call to the core
                 logits.reshape(x.shape[0], -1), ids.reshape(x.shape[0], -1),
                 weights.reshape(x.shape[0], -1), x, step.budget, layer_id, self.config,
-                self.predictor, norm_topk_prob=self.norm_topk, routed_norms=norms,
-                max_error=step.max_error)
+                self.predictor, norm_topk_prob=self.norm_topk, max_error=step.max_error, **norms)
             step.stats[layer_id] = sel.stats
             step.ids[layer_id] = sel.ids
             if self.config.policy == "dense" or layer_id in self.config.skip_layers:

@@ -7,7 +7,7 @@ import torch
 from core_helpers import make_predictor, make_routing
 
 from base_sglang.core import SelectionConfig, select_experts
-from base_sglang.core.config import DEFAULT_POLICY, POLICIES, RENORM_MODES
+from base_sglang.core.config import DEFAULT_POLICY, PARTIAL_NATIVE, POLICIES, RENORM_MODES
 
 T, E, K, H = 12, 10, 3, 16
 
@@ -151,7 +151,7 @@ def test_combine_mode_for_every_policy_renorm_and_model(policy, renorm, norm_top
     mode = SelectionConfig(policy=policy, renorm=renorm).combine_mode(norm_topk)
     if renorm != "native":
         assert mode == renorm  # an explicit renorm always wins (ablation)
-    elif policy == "base_plus":
+    elif policy in PARTIAL_NATIVE:  # base_plus and its issue-13 variants
         assert mode == "partial"
     else:
         assert mode == ("always" if norm_topk else "never")  # the model's own convention

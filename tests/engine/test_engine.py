@@ -189,6 +189,8 @@ def test_missing_predictor_or_model_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="^predictor: policy 'base' needs a predictor file"):
         LLMEngine(EngineConfig(model=str(bare), policy="base"))
     assert LLMEngine(EngineConfig(model=str(bare), policy="gate_sum")).runner.predictor is None
+    with pytest.raises(ValueError, match="^predictor: policy 'base_sched' needs the 'layer_budget'"):
+        LLMEngine(EngineConfig(model=str(tiny_model_dir), policy="base_sched"))
     with pytest.raises(FileNotFoundError, match="^model: "):
         LLMEngine(EngineConfig(model=str(tmp_path / "nothing")))
 
