@@ -36,7 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
-from base_sglang.kernels.base_select import COMBINE_MODES, check_combine, selection_outputs
+from base_sglang.kernels.base_select import (
+    COMBINE_MODES,
+    check_combine,
+    check_table,
+    layer_budget,
+    selection_outputs,
+)
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,
@@ -107,13 +113,14 @@ def _unpack(key, ID_BITS: tl.constexpr):
 
 @triton.jit
 def _base_fused_kernel(
-    hidden_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, a_ptr, b_ptr,
+    hidden_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, a_ptr, b_ptr, table_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, union_ptr, in_s_ptr, counts_ptr, removed_ptr, bar_ptr,
     T, stride_ht, stride_lt, stride_ae, alpha,
     H: tl.constexpr, E: tl.constexpr, K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_TS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr,
-    BACKFILL: tl.constexpr, COMBINE: tl.constexpr, ROLE: tl.constexpr, USE_PDL: tl.constexpr,
+    BACKFILL: tl.constexpr, COMBINE: tl.constexpr, HAS_TABLE: tl.constexpr, ROLE: tl.constexpr,
+    USE_PDL: tl.constexpr,
     ID_BITS: tl.constexpr, SENTINEL: tl.constexpr, BAR_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -164,6 +171,8 @@ def _base_fused_kernel(
         bs = b0 + tl.arange(0, BLOCK_B)
         vmax = tl.maximum(vmax, tl.load(budget_ptr + bs, mask=bs < T, other=-1).to(tl.int64))
     m = tl.minimum(tl.maximum(tl.max(vmax, axis=0), 0), E)
+    if HAS_TABLE:
+        m = layer_budget(m, table_ptr, E)
 
     # ---- grid barrier (GPU): every program arrives, the row programs wait for the last -----------
     if ROLE == 0:
@@ -289,6 +298,7 @@ def base_fused_select(
     combine: str = "always",  # "always" | "never" | "partial" (SelectionConfig.combine_mode)
     alpha: float = 0.5,  # exponent of "partial" (SelectionConfig.renorm_alpha), in [0, 1]
     cooperative: bool = True,  # GPU: cooperative launch (guaranteed co-residency for the barrier)
+    table: torch.Tensor | None = None,  # [E+1] fp32 per-layer schedule (base_sched), or None
 ):
     """base_score + base_select in one launch. Returns (ids, weights, d, in_s, counts, removed)
     as base_select: ids [T, K] (ids dtype, -1 dropped), weights [T, K] (weights dtype, 0 dropped),
@@ -317,6 +327,7 @@ def base_fused_select(
     check(E < (1 << BAR_BITS) and H <= 16384 and K <= E,
           f"E, H, K: at most 2^20 experts, 16384 hidden and K <= E, got {E}, {H}, {K}")
     check_combine(combine, alpha)
+    check_table(table, E, dev)
     new_ids, new_w, d, in_s, counts, removed = selection_outputs(ids, weights, E)
     union = torch.empty(E, dtype=torch.int32, device=dev)  # [E] written by the scoring programs
     if T == 0:
@@ -327,10 +338,11 @@ def base_fused_select(
         w_env, r_env = (int(v) for v in os.environ["BASE_FUSED_TILES"].split(","))
         num_warps, cfg["ROWS"] = w_env, r_env
     grid = (max(E, triton.cdiv(T, cfg["BLOCK_T"])),)
-    args = (hidden, ids, weights, logits, budget, a, b, new_ids, new_w, d, union, in_s, counts,
-            removed, barrier_buffer(dev), T, hidden.stride(0), logits.stride(0), a.stride(0),
-            float(alpha))
+    args = (hidden, ids, weights, logits, budget, a, b, budget if table is None else table,
+            new_ids, new_w, d, union, in_s, counts, removed, barrier_buffer(dev), T,
+            hidden.stride(0), logits.stride(0), a.stride(0), float(alpha))
     consts = dict(H=H, E=E, K=K, **cfg, BACKFILL=backfill, COMBINE=COMBINE_MODES[combine],
+                  HAS_TABLE=table is not None,
                   ID_BITS=ID_BITS, SENTINEL=SENTINEL, BAR_BITS=BAR_BITS, num_warps=num_warps)
     if is_interpreter() or dev.type != "cuda":  # no spin under the interpreter: two launches
         for role in (1, 2):

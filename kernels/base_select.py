@@ -38,13 +38,23 @@ COMBINE_MODES = {"always": 0, "never": 1, "partial": 2}  # kernel constexpr COMB
 
 
 @triton.jit
+def layer_budget(m, table_ptr, E: tl.constexpr):
+    """This layer's budget under a per-layer schedule (policy base_sched): round(table[m]) for a
+    batch budget m < E, m itself from E on (dense stays dense); table [E+1] fp32 of integer values."""
+    idx = tl.minimum(tl.maximum(m, 0), E)
+    m_l = tl.load(table_ptr + idx).to(tl.float32)
+    m_l = tl.minimum(tl.maximum(tl.floor(m_l + 0.5), 0.0), E * 1.0).to(tl.int64)
+    return tl.where(m >= E, m, m_l)
+
+
+@triton.jit
 def _base_select_kernel(
-    cost_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr,
+    cost_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, table_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, in_s_ptr, counts_ptr, removed_ptr,
     T, stride_lt, alpha,
     E: tl.constexpr, K: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-    BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
+    BACKFILL: tl.constexpr, COMBINE: tl.constexpr, HAS_TABLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
@@ -69,6 +79,8 @@ def _base_select_kernel(
         bud = tl.load(budget_ptr + ts, mask=ts < T, other=-1).to(tl.int64)
         vmax = tl.maximum(vmax, bud)
     m = tl.minimum(tl.max(vmax, axis=0), E)
+    if HAS_TABLE:
+        m = layer_budget(m, table_ptr, E)
 
     # ---- batch score D and union counts (one-hot sums in a fixed order) -------------------------
     d = tl.zeros([BLOCK_E], dtype=tl.float32)
@@ -161,6 +173,11 @@ def check_combine(combine: str, alpha: float) -> None:
     check(0.0 <= alpha <= 1.0, f"alpha: must be in [0, 1], got {alpha}")
 
 
+def check_table(table: torch.Tensor | None, E: int, device: torch.device) -> None:
+    if table is not None:
+        check_tensor("table", table, (E + 1,), (torch.float32,), device)
+
+
 def selection_outputs(ids: torch.Tensor, weights: torch.Tensor, E: int) -> tuple:
     """(ids [T, K], weights [T, K], d [E] fp32, in_s [E] int8, counts [2] int64, removed [1] fp32),
     uninitialised: the selection kernels write every element (no memset launches per call)."""
@@ -182,6 +199,7 @@ def base_select(
     backfill: bool = True,
     combine: str = "always",  # "always" | "never" | "partial" (SelectionConfig.combine_mode)
     alpha: float = 0.5,  # exponent of "partial" (SelectionConfig.renorm_alpha), in [0, 1]
+    table: torch.Tensor | None = None,  # [E+1] fp32 per-layer schedule (base_sched), or None
 ):
     """Apply BASE to one MoE layer's routing. Returns (ids, weights, d, in_s, counts, removed):
     ids [T, K] (ids dtype, -1 dropped), weights [T, K] (weights dtype, 0 dropped), d [E] fp32 batch
@@ -205,11 +223,13 @@ def base_select(
         return new_ids, new_w, d.zero_(), in_s.zero_(), counts.zero_(), removed.zero_()
     pdl = use_pdl(dev)
     block_e = triton.next_power_of_2(E)
+    check_table(table, E, dev)
     _base_select_kernel[(T,)](
-        cost, ids, weights, logits, budget, new_ids, new_w, d, in_s, counts, removed,
+        cost, ids, weights, logits, budget, budget if table is None else table,
+        new_ids, new_w, d, in_s, counts, removed,
         T, logits.stride(0), float(alpha), E=E, K=K, BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(K), BLOCK_P=max(16, min(128, 16384 // block_e)),
         BLOCK_T=min(triton.next_power_of_2(T), 256), BACKFILL=backfill,
-        COMBINE=COMBINE_MODES[combine], USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
+        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
         **launch_kwargs(pdl))
     return new_ids, new_w, d, in_s, counts, removed

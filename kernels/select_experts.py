@@ -1,17 +1,19 @@
-"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts` (one launch).
+"""`base_select_experts`: the Triton path of `base_sglang.core.select_experts`.
 
-Same signature and semantics as the core for policies "base" and "base_plus" (ids exact, weights to
-float rounding). Two kernels do it, chosen by the batch size (a shape, so graph-safe):
+Same signature and semantics as the core for policies "base", "base_plus" and "base_sched" (ids
+exact, weights to float rounding; base_sched is base_plus with the layer's scheduled budget, read
+in-kernel from the predictor's layer_budget table). Two kernels do it, chosen by shape (graph-safe):
   E >= FUSED_MIN_E and T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score,
                     top-M, backfill and weights in one cooperative launch;
   otherwise         base_score then base_select (two launches, pair-parallel scoring), which
                     measured faster on the H200 at larger T (per-expert scoring is imbalanced under
                     skewed routing) and at fewer experts (OLMoE's 64, Mixtral's 8).
-BASE_SELECT_KERNEL=fused|two forces one of them (benchmarks). The combine rule is config.combine_mode(norm_topk_prob) ("always", "never" or
-"partial" with config.renorm_alpha), so base_plus and base with any renorm mode run here. Other
-policies, layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run
-the core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the
-core's errors.
+BASE_SELECT_KERNEL=fused|two forces one of them (benchmarks). The combine rule is
+config.combine_mode(norm_topk_prob) ("always", "never" or "partial" with config.renorm_alpha), so
+base_plus and base with any renorm mode run here. Other policies, base_sched without a table,
+layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run the
+core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the core's
+errors.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from base_sglang.kernels.base_select import base_select
 
 FUSED_MAX_T = 32  # measured on the H200 (BENCHMARKS.md, "Scoring + selection per MoE layer")
 FUSED_MIN_E = 96
-KERNEL_POLICIES = ("base", "base_plus")  # same kept set and backfill; they differ in the combine rule
+# same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
+# with this layer's budget read from the predictor's per-layer schedule (layer_budget)
+KERNEL_POLICIES = ("base", "base_plus", "base_sched")
 
 
 def selection_kernel(T: int, E: int) -> str:
@@ -57,7 +61,8 @@ def base_select_experts(
     """Turn the router's top-k into what one MoE layer executes in one decode step (Triton)."""
     use_core = (config.policy not in KERNEL_POLICIES or layer_id in config.skip_layers
                 or predictor is None or hidden_states is None or layer_id not in predictor._slot
-                or max_error is not None)
+                or max_error is not None
+                or (config.policy == "base_sched" and predictor.layer_budget is None))
     if use_core:
         return select_experts(router_logits, topk_ids, topk_weights, hidden_states, budget, layer_id,
                               config, predictor, norm_topk_prob=norm_topk_prob,
@@ -70,8 +75,11 @@ def base_select_experts(
         budget = budget.to(dev, torch.int64)
     ids = topk_ids.contiguous()
     w = topk_weights.contiguous()
+    table = None  # [E+1] this layer's schedule (base_sched)
+    if config.policy == "base_sched":
+        table = predictor.layer_budget[j].to(dev, torch.float32).contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
-              alpha=config.renorm_alpha)
+              alpha=config.renorm_alpha, table=table)
     if selection_kernel(ids.shape[0], router_logits.shape[1]) == "two":
         cost = base_score(hidden_states, ids, w, budget.contiguous(), a, b)  # [T, K]
         new_ids, new_w, _d, _in_s, counts, removed = base_select(

@@ -77,6 +77,14 @@ class Predictor:
         self._slot = {layer: j for j, layer in enumerate(m.moe_layers)}
 
     # ---- lookup ---------------------------------------------------------------------------
+    def check_stats(self, policy: str, stat: str | None, where: str) -> None:
+        """Raise, naming the file, when a policy's statistic (SelectionConfig.needs_stats) is absent."""
+        if stat not in (None, "predictor") and getattr(self, stat) is None:
+            hint = (" (python -m base_sglang.calibration.layer_schedule writes it)"
+                    if stat == "layer_budget" else "")
+            raise ValueError(f"predictor: policy {policy!r} needs the {stat!r} statistics, which "
+                             f"{where} lacks{hint}")
+
     def slot(self, layer_id: int) -> int:
         """Index into the stacked tensors for a model layer id."""
         if layer_id not in self._slot:

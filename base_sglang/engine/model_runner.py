@@ -30,11 +30,8 @@ class ModelRunner:
         if selection.needs_stats is not None and predictor is None:
             raise ValueError(f"predictor: policy {config.policy!r} needs a predictor file; none at "
                              f"{config.model}/predictor.safetensors (pass --predictor or --policy)")
-        stat = selection.needs_stats
-        if stat not in (None, "predictor") and getattr(predictor, stat) is None:
-            raise ValueError(f"predictor: policy {config.policy!r} needs the {stat!r} statistics, "
-                             f"which {config.predictor_path} lacks (base_sched: "
-                             f"python -m base_sglang.calibration.layer_schedule writes them)")
+        if predictor is not None:
+            predictor.check_stats(config.policy, selection.needs_stats, str(config.predictor_path))
         self.predictor = predictor
         self.patch = MoEPatch(self.model, selection, predictor)
         self.num_experts = self.patch.num_experts

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from base_sglang.core import Predictor, PredictorMismatch
+from base_sglang.core import Predictor, PredictorMismatch, SelectionConfig
 from base_sglang.core.predictor import describe_model_config
 
 from . import state
@@ -76,6 +76,8 @@ def after_load_model(result, runner, *args, **kwargs):
     try:
         predictor = Predictor.load(cfg.predictor)
         predictor.validate(runner.model_config.hf_text_config)
+        predictor.check_stats(cfg.policy, SelectionConfig(policy=cfg.policy).needs_stats,
+                              f"BASE_PREDICTOR={cfg.predictor}")
     except PredictorMismatch as exc:
         raise PredictorMismatch(f"BASE_PREDICTOR={cfg.predictor}: {exc}") from None
     state.STATE.enable(predictor, cfg, runner.device)

@@ -192,3 +192,17 @@ def test_variants_run_on_meta_tensors(policy):
         expert_norms=torch.empty(T, E, device=meta))
     assert sel.ids.shape == (T, K) and sel.ids.dtype == torch.int32
     assert sel.stats.num_kept.shape == ()
+
+
+def test_check_stats_names_the_missing_table():
+    from base_sglang.core import SelectionConfig
+    from base_sglang.testing.predictors import random_predictor
+
+    pred = random_predictor(8, 16, 0, (0,), num_layers=1, seed=0, architecture="synthetic")
+    pred.check_stats("base_plus", SelectionConfig(policy="base_plus").needs_stats, "p.safetensors")
+    with pytest.raises(ValueError, match="'base_sched' needs the 'layer_budget' statistics, which "
+                                         "p.safetensors lacks"):
+        pred.check_stats("base_sched", SelectionConfig(policy="base_sched").needs_stats,
+                         "p.safetensors")
+    pred.layer_budget = torch.zeros(1, 9)
+    pred.check_stats("base_sched", "layer_budget", "p.safetensors")

@@ -31,6 +31,19 @@ def test_shapes(T, E, K, budget):
         assert (got.ids == -1).all() and (got.weights == 0).all()
 
 
+@pytest.mark.parametrize("kernel", ["fused", "two"])
+@pytest.mark.parametrize("budgets", [[5] * 6, [2, 9, -1, 4, 4, 1], [16] + [3] * 5])
+def test_base_sched_reads_the_layer_table(kernel, budgets, monkeypatch):
+    monkeypatch.setenv("BASE_SELECT_KERNEL", kernel)
+    E = 16
+    # not monotone in M (as calibrated tables are not): the batch budget is mapped, not each row's
+    table = [0, 1, 3, 2, 6, 9, 5, 7, 8, 12, 10, 11, 12, 13, 14, 15, 16]
+    got, _ = compare_with_core(6, E, 4, budgets, policy="base_sched", H=24, seed=11, table=table)
+    m = max(b for b in budgets if b >= 0)
+    want_kept = E if m >= E else table[m]
+    assert int(got.stats.num_kept) == min(want_kept, int(got.stats.num_union))
+
+
 def test_tied_logits_and_scores_break_to_the_lower_id():
     # logits on a coarse grid (many exact ties, +0.0 and -0.0 among them) and identical predictor
     # rows for half the experts (tied batch scores): backfill and top-M both break ties by lower id
