@@ -7,6 +7,7 @@ select: bench_base_select.py's base_select.json (selection latency per launch va
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -45,9 +46,15 @@ def align_table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    kind, folder = sys.argv[1], sys.argv[2]
-    name = {"select": "base_select.json", "align": "fused_moe.json"}[kind]
-    with open(os.path.join(folder, name)) as f:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=("select", "align"))
+    ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json")
+    args = ap.parse_args()
+    kind = args.kind
+    path = os.path.join(args.folder, {"select": "base_select.json", "align": "fused_moe.json"}[kind])
+    if not os.path.isfile(path):
+        ap.error(f"folder: no {os.path.basename(path)} in {args.folder}")
+    with open(path) as f:
         rows = json.load(f)["rows"]
     print(select_table(rows) if kind == "select" else align_table(rows))
     return 0
