@@ -8,6 +8,9 @@
 #   start_group LOG CMD... start CMD in its own process group (setsid); its id in LAST_GROUP
 #   stop_group PGID        TERM the group, KILL after 20 s; every started group is stopped on exit
 #   wait_http URL SECS PGID  poll URL until HTTP 200; fails early if the group died
+#   run_part NAME SECS CMD...  CMD under `timeout SECS` (capped by DEADLINE_S when set: never past
+#                          it, skipped when under 60 s remain); its rc and time into RESULT[NAME]
+#   part_summary           one line per part of RESULT
 
 BUNDLE_DIR=${BUNDLE_DIR:-/tmp/sgl-bundle}
 STARTED_GROUPS=()
@@ -104,4 +107,30 @@ PY
     done
     log "$url did not answer within $secs s"
     return 1
+}
+
+declare -gA RESULT
+run_part() {  # run_part NAME SECS CMD...
+    local name=$1 secs=$2 t0=$SECONDS rc=0; shift 2
+    if [ -n "${DEADLINE_S:-}" ]; then
+        local left=$((DEADLINE_S - SECONDS - 15))
+        secs=$(( secs < left ? secs : left ))
+        if [ "$secs" -lt 60 ]; then
+            log "=== $name: skipped, ${left} s left before the deadline"
+            RESULT[$name]="skipped"
+            return 1
+        fi
+    fi
+    log "=== $name (limit $secs s)"
+    timeout -k 15 "$secs" "$@" || rc=$?
+    RESULT[$name]="rc=$rc $((SECONDS - t0))s"
+    log "=== $name: rc=$rc in $((SECONDS - t0)) s"
+    [ $rc -eq 0 ]
+}
+
+part_summary() {
+    echo
+    log "summary"
+    local k
+    for k in "${!RESULT[@]}"; do echo "  $k: ${RESULT[$k]}"; done
 }

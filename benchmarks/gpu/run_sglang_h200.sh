@@ -43,16 +43,6 @@ sgl_setup
 project_check
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
-declare -A RESULT
-run_part() {  # run_part NAME SECONDS CMD...
-    local name=$1 secs=$2 t0=$SECONDS rc=0; shift 2
-    log "=== $name (limit $secs s)"
-    timeout -k 15 "$secs" "$@" || rc=$?
-    RESULT[$name]="rc=$rc $((SECONDS - t0))s"
-    log "=== $name: rc=$rc in $((SECONDS - t0)) s"
-    [ $rc -eq 0 ]
-}
-
 status=0
 for part in "${expanded[@]}"; do
     case "$part" in
@@ -76,9 +66,7 @@ for part in "${expanded[@]}"; do
     esac
 done
 
-echo
-log "summary"
-for k in "${!RESULT[@]}"; do echo "  $k: ${RESULT[$k]}"; done
+part_summary
 if ls "$OUT"/summary*.json >/dev/null 2>&1; then
     with_sgl python3 benchmarks/gpu/bench_decode.py --report --out "$OUT" || true
 fi

@@ -42,23 +42,6 @@ sgl_setup
 project_check
 export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
-declare -A RESULT
-run_part() {  # run_part NAME CAP_SECONDS CMD... : at most CAP s, and never past the deadline
-    local name=$1 cap=$2 t0=$SECONDS rc=0; shift 2
-    local left=$((DEADLINE_S - SECONDS - 15))
-    local secs=$(( cap < left ? cap : left ))
-    if [ "$secs" -lt 60 ]; then
-        log "=== $name: skipped, ${left} s left before the deadline"
-        RESULT[$name]="skipped"
-        return 1
-    fi
-    log "=== $name (limit $secs s)"
-    timeout -k 15 "$secs" "$@" || rc=$?
-    RESULT[$name]="rc=$rc $((SECONDS - t0))s"
-    log "=== $name: rc=$rc in $((SECONDS - t0)) s"
-    [ $rc -eq 0 ]
-}
-
 status=0
 # tp2: the ranks stop themselves 20 s before the part's limit (rank-timeout), the sweep starts no
 # new batch size after limit - 90 s (time-budget, counted from each rank's start)
@@ -71,9 +54,7 @@ left=$((DEADLINE_S - SECONDS - 15)); lim1=$(( cap1 < left ? cap1 : left ))
 run_part tp1 "$cap1" env CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu/sgl_exec.sh python3 \
     benchmarks/gpu/bench_tp.py --tp 1 --out "$OUT" --time-budget $((lim1 - 60)) "$@" || status=1
 
-echo
-log "summary"
-for k in "${!RESULT[@]}"; do echo "  $k: ${RESULT[$k]}"; done
+part_summary
 with_sgl python3 benchmarks/gpu/bench_tp.py --finalize --out "$OUT" || status=1
 ls -la "$OUT" "$OUT/trace" 2>/dev/null || true
 log "done in $SECONDS s, status $status"
