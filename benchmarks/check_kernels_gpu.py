@@ -16,9 +16,16 @@
 7. The one-launch selection's grid barrier (base_fused_select): 300 calls alternating grid sizes
    (T in 1..200, E = 64 / 128) == the core and bitwise equal to the first call of each case; two
    streams launching concurrently; the plain (non-cooperative) launch == the cooperative one.
+8. fused_moe's launch structures (grouped, fused combine, fused combine + L2 prefetch, pair-major,
+   pair-major + both) == the fp32 reference at the three shapes, T in {1, 2, 16, 64}, with a dropped
+   slot and an all-dropped token (output exactly 0); the fused combine bit-equal to the launch.
+9. Selection + fused_moe (fused combine + prefetch, T=1 pair-major and T=16 grouped) in one CUDA
+   graph, replays with new budgets == eager; 40 launches on two concurrent streams == one eager.
+10. base_sched (per-layer table, non-monotone) in both selection kernels == the core, T 1/16/64.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
+    --only moe         sections 8, 9 and 10
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from base_sglang.core import (  # noqa: E402
     select_experts,
 )
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.kernels.fused_moe import default_config  # noqa: E402
 from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 RESULTS: list[dict] = []
@@ -324,11 +332,123 @@ def check_fused_moe() -> None:
                    rel_err_vs_fp32=rel, deterministic=torch.equal(y1, y2))
 
 
+MOE_PATHS = {"grouped": dict(), "grouped+fc": dict(fuse_combine=True),
+             "grouped+fc+pf": dict(fuse_combine=True, prefetch=True),
+             "pair": dict(pair_major=True), "pair+fc+pf": dict(pair_major=True, fuse_combine=True,
+                                                              prefetch=True)}
+
+
+def moe_config(T: int, E: int, K: int, prefetch: bool = False, **kw):
+    import dataclasses
+
+    cfg = dataclasses.replace(default_config(T, E, K), **{"pair_major": False, **kw})
+    return dataclasses.replace(cfg, down=dataclasses.replace(cfg.down, prefetch=prefetch))
+
+
+def check_moe_paths() -> None:
+    """Every launch structure of fused_moe == the fp32 reference at real shapes, including a
+    dropped slot and a token with every slot dropped; the fused combine bit-equal to the launch."""
+    for shape, s in SHAPES.items():
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        gate_up, down = make_experts(E, H, I, seed=4)
+        for T in (1, 2, 16, 64):
+            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+            ids = r.ids.clone()
+            ids[0, -1] = -1
+            if T > 1:
+                ids[-1] = -1
+            ref = moe_forward_ref(hidden.float(), ids.long(), r.weights, gate_up.float(), down.float())
+            outs = {}
+            for name, kw in MOE_PATHS.items():
+                y = fused_moe(hidden, ids, r.weights, gate_up, down, config=moe_config(T, E, K, **kw))
+                again = fused_moe(hidden, ids, r.weights, gate_up, down,
+                                  config=moe_config(T, E, K, **kw))
+                rel = ((y.float() - ref).norm() / ref.norm()).item()
+                outs[name] = y
+                zero_row = T == 1 or bool((y[-1] == 0).all())
+                record(f"moe/{shape}/T={T}/{name}", rel < 1e-2 and torch.equal(y, again) and zero_row,
+                       rel_err_vs_fp32=rel, deterministic=torch.equal(y, again), zero_row=zero_row)
+            record(f"moe/{shape}/T={T}/fc_equals_combine_launch",
+                   torch.equal(outs["grouped"], outs["grouped+fc"])
+                   and torch.equal(outs["grouped"], outs["grouped+fc+pf"])
+                   and torch.equal(outs["pair"], outs["pair+fc+pf"]))
+
+
+def check_moe_graph() -> None:
+    """Selection + fused_moe with the fused combine and prefetch in one CUDA graph: replays with
+    new budgets == eager (the arrival counters reset themselves in every replay); two streams."""
+    s = SHAPES["qwen3-30b-a3b"]
+    E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+    pred = make_predictor(E, H)
+    gate_up, down = make_experts(E, H, I, seed=1)
+    for T, path in ((1, "pair+fc+pf"), (16, "grouped+fc+pf")):
+        r = make_routing(T, E, K, True, seed=3)
+        hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+        budget = torch.full((T,), 10, dtype=torch.int64, device=DEVICE)
+        cfg = moe_config(T, E, K, **MOE_PATHS[path])
+
+        def step():
+            sel = base_select_experts(r.logits, r.ids, r.weights, hidden, budget, 0,
+                                      SelectionConfig(policy="base"), pred)
+            return sel.ids, fused_moe(hidden, sel.ids, sel.weights, gate_up, down, config=cfg)
+
+        trials = {"M4": torch.full((T,), 4), "M16": torch.full((T,), 16), "dense": torch.full((T,), E),
+                  "padded": torch.full((T,), -1)}
+        for name, same, _ in graph_replays(step, budget, trials):
+            record(f"moe_graph/T={T}/{path}/{name}", same)
+    T = 16
+    r = make_routing(T, E, K, True, seed=5)
+    hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+    cfg = moe_config(T, E, K, **MOE_PATHS["grouped+fc+pf"])
+    want = fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [[], []]
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):
+        for i, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                outs[i].append(fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg))
+    torch.cuda.synchronize()
+    record("moe_two_streams", all(torch.equal(y, want) for o in outs for y in o), launches=40)
+
+
+def check_sched() -> None:
+    """base_sched's in-kernel table lookup (both selection kernels) == the core on the GPU."""
+    from base_sglang.kernels.select_experts import selection_kernel  # noqa: F401
+
+    for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
+        s = SHAPES[shape]
+        E, K, H = s["E"], s["K"], s["H"]
+        pred = make_predictor(E, H)
+        g = torch.Generator().manual_seed(1)
+        table = torch.randint(0, E + 1, (1, E + 1), generator=g).float()  # non-monotone on purpose
+        pred.layer_budget = table.to(DEVICE)
+        for T in (1, 16, 64):
+            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+            bad = []
+            for kernel in ("fused", "two"):
+                os.environ["BASE_SELECT_KERNEL"] = kernel
+                for M in (0, 3, K, 2 * K, E // 2, E):
+                    cfg = SelectionConfig(policy="base_sched")
+                    bud = torch.full((T,), M, device=DEVICE)
+                    args = (r.logits, r.ids, r.weights, hidden, bud, 0, cfg, pred)
+                    ref = select_experts(*args, norm_topk_prob=s["norm_topk_prob"])
+                    got = base_select_experts(*args, norm_topk_prob=s["norm_topk_prob"])
+                    if not (torch.equal(ref.ids, got.ids)
+                            and (ref.weights - got.weights).abs().max().item() <= 1e-5):
+                        bad.append((kernel, M))
+            os.environ.pop("BASE_SELECT_KERNEL", None)
+            record(f"sched/{shape}/T={T}", not bad, failures=bad[:6])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier"],
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -349,11 +469,13 @@ def main() -> int:
     elif args.only == "fused":
         checks = [check_selection, check_graph, check_base_plus, check_graph_base_plus,
                   check_fused_barrier]
+    elif args.only == "moe":
+        checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs
         checks = [c for c in checks if c not in (check_graph, check_graph_base_plus,
-                                                  check_fused_barrier)]
+                                                  check_fused_barrier, check_moe_graph)]
     for fn in checks:
         try:
             fn()

@@ -4,8 +4,13 @@
 Weight layout as transformers 5 stores Qwen3-MoE / OLMoE / Mixtral experts: gate_up [E, 2I, H]
 (gate rows first, then up rows), down [E, H, I]. Slots with id -1 (BASE-dropped or padded) contribute
 nothing, and an expert that no slot selects is never read from HBM (its weights may even be NaN).
-Four launches, fixed shapes for given (T, K, E, H, I), no host sync: graph-capturable, deterministic.
-This is base_sglang.core.moe_forward_ref on the GPU.
+Fixed shapes for given (T, K, E, H, I), no host sync: graph-capturable, deterministic. Launches:
+    grouped     align -> up GEMM -> down GEMM -> combine        (4)
+    fuse_combine: the down GEMM's last block per column slab sums it      (3: no combine launch)
+    pair_major: every slot its own one-row block, straight from ids       (no align launch)
+default_config picks pair-major for T <= PAIR_MAJOR_MAX_T (at T = 1 a top-k router's slots are
+distinct experts, so each kept expert is still read once). This is base_sglang.core.moe_forward_ref
+on the GPU.
 """
 
 from __future__ import annotations
@@ -20,11 +25,17 @@ from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
 
 
+# pair-major up to this batch: from T = 2 on, an expert shared by two tokens would be read twice
+PAIR_MAJOR_MAX_T = 1
+
+
 @dataclass(frozen=True)
 class MoeConfig:
     block_m: int = 16
     up: GemmConfig = GemmConfig(block_n=32, block_k=128, num_warps=4, num_stages=4)
     down: GemmConfig = GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
+    fuse_combine: bool = False  # the down GEMM's last block per column slab combines (3 launches)
+    pair_major: bool = False  # each slot its own one-row block: no align launch
 
 
 def default_config(num_tokens: int, num_experts: int, top_k: int,
@@ -38,7 +49,7 @@ def default_config(num_tokens: int, num_experts: int, top_k: int,
     active = min(num_experts, pairs, max_experts or num_experts)
     per_expert = -(-pairs // max(active, 1))
     block_m = min(max(16, 1 << (per_expert - 1).bit_length()), 64)
-    return MoeConfig(block_m=block_m)
+    return MoeConfig(block_m=block_m, pair_major=num_tokens <= PAIR_MAJOR_MAX_T)
 
 
 def fused_moe(
@@ -70,10 +81,13 @@ def fused_moe(
     ids = ids.contiguous()
     weights = weights.contiguous()
     cfg = config or default_config(T, E, K, max_experts)
-    blocks = moe_align(ids, E, cfg.block_m)
+    blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
-    moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up)
+    moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up, ids=ids)
     pair_out = torch.empty((T * K, H), dtype=torch.float32, device=dev)  # [P, H]
-    moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down)
     out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
+    if cfg.fuse_combine and T * K > 0:
+        return moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down,
+                        ids=ids, combine=(out, weights))
+    moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down, ids=ids)
     return moe_combine(pair_out, ids, weights, E, out)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 12 on one H200, one device call (< 9 min): fused_moe's launch structures and tiles.
+#   1. check_kernels_gpu.py --only moe: every structure == the fp32 reference at three shapes, graph
+#      replays == eager, two streams, base_sched in both selection kernels -> OUT/checks.json, check_moe.log
+#   2. tests/kernels on CUDA (and the base_score strided test alone, verbose) -> OUT/pytest.log
+#   3. gpu/sweep_moe.py: grouped / fused combine / prefetch / pair-major per (shape, T, routing),
+#      then a tile search on the winner                                  -> OUT/sweep_moe.json, sweep.log
+#   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
+# Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
+#   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest sweep bench"] bash benchmarks/gpu/run_moe_h200.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-benchmarks/results/kernels_h200_moe}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+ROOT=$PWD
+source benchmarks/gpu_env.sh
+map_package  # not installed: a package of links
+PARTS=${PARTS:-check pytest sweep bench}
+status=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+for part in $PARTS; do
+    case "$part" in
+        check) echo "=== checks"
+            timeout -k 10 120 python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" \
+                > "$OUT/check_moe.log" 2>&1 || status=1
+            grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
+        pytest) echo "=== tests/kernels on CUDA"
+            (cd "${PKG:-$ROOT}" && timeout -k 10 100 python3 -m pytest -q -rfE -p no:cacheprovider \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/kernels" \
+                > "$OUT/pytest.log" 2>&1) || status=1
+            (cd "${PKG:-$ROOT}" && timeout -k 10 40 python3 -m pytest -q -x -p no:cacheprovider \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" \
+                "$ROOT/tests/kernels/test_base_score.py::test_strided_hidden_rows" 2>&1 \
+                | tail -60 >> "$OUT/pytest.log")
+            grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
+        sweep) echo "=== launch structures and tiles"
+            timeout -k 10 230 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 200 \
+                > "$OUT/sweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -45 ;;
+        bench) echo "=== MoE layer at T = 1, 8 (Qwen3) with SGLang's align timed"
+            unpack_sglang_wheel
+            timeout -k 10 80 python3 benchmarks/bench_fused_moe.py --out "$OUT" --sglang-root /tmp/sglang_whl \
+                --shapes qwen3-30b-a3b --tokens 1,8 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
+            tail -16 "$OUT/bench_fused_moe.log" ;;
+        *) echo "unknown part '$part' (check pytest sweep bench)" >&2; exit 2 ;;
+    esac
+done
+exit $status

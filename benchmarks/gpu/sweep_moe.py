@@ -1,0 +1,167 @@
+"""MoE layer launch structures and tiles on the GPU (issue 12): which one wins in each cell.
+
+    python benchmarks/gpu/sweep_moe.py --out DIR [--shapes a,b] [--tokens 1,2,4,8,16,32,64]
+        [--tile-tokens 1,8,16,64] [--budget-s 300]
+For each shape, T and routing (dense top-k, and BASE at M=16, M=4 for E=8) it times fused_moe as
+bench_fused_moe does (CUDA graph of 10 calls, median of 15 replays, 3 rotating weight copies):
+    grouped        align -> up -> down -> combine                 4 launches, default tiles
+    grouped+fc     the combine folded into the down GEMM          3
+    grouped+fc+pf  ... and the down GEMM's weights L2-prefetched before its PDL wait
+    pair           pair-major (no align) -> combine launch        3   (T <= 4 only)
+    pair+fc        pair-major, combine folded                     2
+    pair+fc+pf
+then, for --tile-tokens, a coordinate search (BLOCK_M, up tiles, down tiles, grid order) on the
+best structure. Every output is checked against the grouped default (rel. L2 < 1e-2) before it is
+timed. Prints one line per cell; writes sweep_moe.json (every timing, the winners, provenance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_fused_moe import COPIES, rotating  # noqa: E402
+from kernel_common import (  # noqa: E402
+    DEVICE,
+    SHAPES,
+    copy_bandwidth_gbs,
+    graph_time_us,
+    make_experts,
+    make_routing,
+    provenance,
+)
+
+from base_sglang.core import SelectionConfig  # noqa: E402
+from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
+from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
+from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
+from base_sglang.testing.predictors import random_predictor  # noqa: E402
+
+UP = [GemmConfig(32, 128, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(16, 256, 4, 3),
+      GemmConfig(32, 64, 4, 5), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
+      GemmConfig(64, 64, 4, 4), GemmConfig(16, 64, 4, 6)]
+DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
+        GemmConfig(64, 64, 4, 5), GemmConfig(64, 256, 4, 3), GemmConfig(32, 256, 4, 3),
+        GemmConfig(128, 64, 4, 4), GemmConfig(16, 128, 4, 4)]
+
+
+def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
+    pf = dataclasses.replace(base.down, prefetch=True)
+    grouped = dataclasses.replace(base, pair_major=False)
+    out = {"grouped": grouped,
+           "grouped+fc": dataclasses.replace(grouped, fuse_combine=True),
+           "grouped+fc+pf": dataclasses.replace(grouped, fuse_combine=True, down=pf)}
+    if T <= 4:
+        pair = dataclasses.replace(base, pair_major=True, up=GemmConfig(16, 128, 4, 4))
+        out.update({"pair": pair, "pair+fc": dataclasses.replace(pair, fuse_combine=True),
+                    "pair+fc+pf": dataclasses.replace(pair, fuse_combine=True, down=pf)})
+    return out
+
+
+def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
+    """One coordinate of the tile search around cfg."""
+    if stage == "bm":  # larger row blocks only where the mean pairs per expert could fill them
+        return [dataclasses.replace(cfg, block_m=bm) for bm in (32, 64)
+                if not cfg.pair_major and bm <= 2 * max(1, pairs // max(n_read, 1))]
+    if stage == "up":
+        return [dataclasses.replace(cfg, up=u) for u in UP if u != cfg.up]
+    if stage == "down":
+        return [dataclasses.replace(cfg, down=dataclasses.replace(d, prefetch=cfg.down.prefetch))
+                for d in DOWN if (d.block_n, d.block_k, d.num_stages)
+                != (cfg.down.block_n, cfg.down.block_k, cfg.down.num_stages)]
+    return [dataclasses.replace(cfg, up=dataclasses.replace(cfg.up, n_fast=True),
+                                down=dataclasses.replace(cfg.down, n_fast=True))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
+    ap.add_argument("--tile-tokens", default="1,8,16,64")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    tile_tokens = {int(x) for x in args.tile_tokens.split(",") if x}
+    bw = copy_bandwidth_gbs()
+    result = {**provenance({"copies": COPIES, "timing": "CUDA graph of 10 calls, median of 15"}),
+              "copy_bw_gbs": bw, "cells": []}
+    path = os.path.join(args.out, "sweep_moe.json")
+    os.makedirs(args.out, exist_ok=True)
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    for shape in args.shapes.split(","):
+        s = SHAPES[shape]
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        weights = [make_experts(E, H, I, seed=c) for c in range(COPIES)]
+        gus, dns = [g for g, _ in weights], [d for _, d in weights]
+        pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
+                                architecture="synthetic").to(DEVICE)
+        m_base = 16 if E > 16 else 4
+        for T in [int(x) for x in args.tokens.split(",")]:
+            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
+            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+            sel = base_select_experts(r.logits, r.ids, r.weights, hidden,
+                                      torch.full((T,), m_base, device=DEVICE), 0,
+                                      SelectionConfig(policy="base"), pred,
+                                      norm_topk_prob=s["norm_topk_prob"])
+            for label, ids, w in (("dense", r.ids, r.weights), (f"M={m_base}", sel.ids, sel.weights)):
+                if time.monotonic() - t_start > args.budget_s:
+                    print(f"budget of {args.budget_s:.0f} s reached: stopping", flush=True)
+                    json.dump(result, open(path, "w"), indent=1)
+                    return 0
+                try:
+                    n_read = int(torch.unique(ids[ids >= 0]).numel())
+                    floor = n_read * 3 * H * I * 2 / (bw * 1e9) * 1e6
+                    ref = fused_moe(hidden, ids, w, gus[0], dns[0], config=dataclasses.replace(
+                        default_config(T, E, K), pair_major=False)).float()
+
+                    def timed(cfg, ids=ids, w=w, hidden=hidden, ref=ref):
+                        y = fused_moe(hidden, ids, w, gus[0], dns[0], config=cfg).float()
+                        rel = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                        if not rel < 1e-2:
+                            raise RuntimeError(f"output differs from the grouped default: {rel:.2e}")
+                        return graph_time_us(rotating(
+                            lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)))
+
+                    base = default_config(T, E, K, None if label == "dense" else m_base)
+                    times = {name: timed(cfg) for name, cfg in structures(base, T).items()}
+                    best_name = min(times, key=times.get)
+                    cell = dict(shape=shape, T=T, routing=label, experts_read=n_read,
+                                floor_us=round(floor, 2), structures={k: round(v, 2) for k, v in times.items()},
+                                best_structure=best_name)
+                    if T in tile_tokens:
+                        cfg = structures(base, T)[best_name]
+                        best_t = times[best_name]
+                        trials = []
+                        for stage in ("bm", "up", "down", "order"):
+                            for c in candidates(stage, cfg, T * K, n_read):
+                                t = timed(c)
+                                trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))
+                                if t < best_t:
+                                    cfg, best_t = c, t
+                        cell.update(tuned_us=round(best_t, 2), tuned=dataclasses.asdict(cfg),
+                                    tile_trials=trials)
+                    result["cells"].append(cell)
+                    best = cell.get("tuned_us", times[best_name])
+                    print(f"{shape:14} T={T:<3} {label:6} read={n_read:<3} floor={floor:6.1f} "
+                          + " ".join(f"{k}={v:.1f}" for k, v in times.items())
+                          + f" | best {best:.1f} ({best / floor:.2f}x floor)", flush=True)
+                except Exception:
+                    traceback.print_exc()
+                json.dump(result, open(path, "w"), indent=1)
+        weights = gus = dns = None
+        torch.cuda.empty_cache()
+    json.dump(result, open(path, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
