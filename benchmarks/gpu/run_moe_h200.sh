@@ -36,7 +36,7 @@ for part in $PARTS; do
                 | tail -60 >> "$OUT/pytest.log")
             grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
         sweep) echo "=== launch structures and tiles"
-            timeout -k 10 230 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 200 \
+            timeout -k 10 230 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 200 --tokens 1,2,8,16,32,64 --tile-tokens 1,8,16 \
                 > "$OUT/sweep.log" 2>&1 || status=1
             grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -45 ;;
         bench) echo "=== MoE layer at T = 1, 8 (Qwen3) with SGLang's align timed"
