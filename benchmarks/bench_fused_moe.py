@@ -4,9 +4,8 @@
 For each shape (kernel_common.SHAPES), decode batch T and budget M: BASE selection (Triton) picks the
 executed ids from skewed synthetic routing (kernel_common.make_routing); then
   ours_us    base_sglang.kernels.fused_moe (align + 2 GEMMs + combine; pair-major without the align
-             at T = 1), config tuned in this run: BLOCK_M, tiles, grid order, then the combine
-             folded into the down GEMM and its L2 prefetch (one config for dense, one for BASE at
-             the middle budget, per shape and T)
+             at T = 1): a coordinate search in this run (BLOCK_M, tiles, grid order; one config for
+             dense, one for BASE at the middle budget), or with --no-tune the shipped default_config
   sglang_us  SGLang 0.5.23's Triton MoE (sglang_triton_moe.py: its tuned H200 config, align excluded)
   sglang_align_us  the same with SGLang's align inside the timed region, where SGLang runs a Triton
              align (T*K <= 64 and E + 1 > 64 buckets: its single-CTA kernel on torch.empty buffers,
@@ -87,10 +86,7 @@ def tune(hidden, ids, w, gus, dns, base: MoeConfig) -> tuple[MoeConfig, bool]:
     best = min((dataclasses.replace(best, down=d) for d in DOWN_CANDIDATES), key=t)
     flipped = dataclasses.replace(best, up=dataclasses.replace(best.up, n_fast=True),
                                   down=dataclasses.replace(best.down, n_fast=True))
-    best = min((best, flipped), key=t)
-    fused = dataclasses.replace(best, fuse_combine=True)  # then the launch structure
-    prefetched = dataclasses.replace(fused, down=dataclasses.replace(fused.down, prefetch=True))
-    return min((best, fused, prefetched), key=t), True
+    return min((best, flipped), key=t), True
 
 
 def main() -> int:

@@ -5,9 +5,9 @@ Weight layout as transformers 5 stores Qwen3-MoE / OLMoE / Mixtral experts: gate
 (gate rows first, then up rows), down [E, H, I]. Slots with id -1 (BASE-dropped or padded) contribute
 nothing, and an expert that no slot selects is never read from HBM (its weights may even be NaN).
 Fixed shapes for given (T, K, E, H, I), no host sync: graph-capturable, deterministic. Launches:
-    grouped     align -> up GEMM -> down GEMM -> combine        (4)
-    fuse_combine: the down GEMM's last block per column slab sums it      (3: no combine launch)
-    pair_major: every slot its own one-row block, straight from ids       (no align launch)
+    grouped     align -> up GEMM -> down GEMM -> combine      (4)
+    pair_major  up GEMM -> down GEMM -> combine               (3: every slot its own one-row
+                                                                 block, straight from ids)
 default_config picks pair-major for T <= PAIR_MAJOR_MAX_T (at T = 1 a top-k router's slots are
 distinct experts, so each kept expert is still read once). This is base_sglang.core.moe_forward_ref
 on the GPU.
@@ -24,7 +24,6 @@ from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
 
-
 # pair-major up to this batch: from T = 2 on, an expert shared by two tokens would be read twice
 PAIR_MAJOR_MAX_T = 1
 
@@ -34,7 +33,6 @@ class MoeConfig:
     block_m: int = 16
     up: GemmConfig = GemmConfig(block_n=32, block_k=128, num_warps=4, num_stages=4)
     down: GemmConfig = GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    fuse_combine: bool = False  # the down GEMM's last block per column slab combines (3 launches)
     pair_major: bool = False  # each slot its own one-row block: no align launch
 
 
@@ -85,9 +83,6 @@ def fused_moe(
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up, ids=ids)
     pair_out = torch.empty((T * K, H), dtype=torch.float32, device=dev)  # [P, H]
-    out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
-    if cfg.fuse_combine and T * K > 0:
-        return moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down,
-                        ids=ids, combine=(out, weights))
     moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down, ids=ids)
+    out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
     return moe_combine(pair_out, ids, weights, E, out)

@@ -6,7 +6,8 @@ rows of `a` through the block's pair list, streams w[e] in BLOCK_K steps and acc
                       gate rows n and the up rows I + n and writes silu(gate) * up -> out [P, I]
     plain (down):     a = act [P, I] (A_DIV = 1), w = down [E, H, I] -> out [P, H]
 Programs whose block index is >= num_blocks return before touching any weight, and no block exists
-for an expert without a kept pair, so dropped experts cost no HBM traffic.
+for an expert without a kept pair, so dropped experts cost no HBM traffic. Pair-major (blocks None):
+block p is slot p of ids alone, so no align is needed (fused_moe uses it at T = 1).
 """
 
 from __future__ import annotations
@@ -18,13 +19,7 @@ import triton
 import triton.language as tl
 
 from base_sglang.kernels.moe_align import MoeBlocks
-from base_sglang.kernels.utils import (
-    arrival_counters,
-    check,
-    is_interpreter,
-    launch_kwargs,
-    use_pdl,
-)
+from base_sglang.kernels.utils import check, is_interpreter, launch_kwargs, use_pdl
 
 
 @dataclass(frozen=True)
@@ -34,108 +29,43 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     n_fast: bool = False  # grid order: N tiles of one block adjacent (True) or blocks adjacent
-    prefetch: bool = False  # down GEMM under PDL: L2-prefetch the weight tile before the wait
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """prefetch.global.L2 of every address in ptrs (one per 128-byte line is enough)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _combine_slab(y_ptr, out_ptr, ids_ptr, wts_ptr, ns, nmask, T, stride_ym, stride_om,
-                  E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """y[t, ns] = sum_k w[t, k] * out[t*K + k, ns] over kept slots, k in slot order, fp32."""
-    for t0 in range(0, T, BLOCK_T):
-        ts = t0 + tl.arange(0, BLOCK_T)  # [BT]
-        tmask = ts < T
-        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        for k in tl.static_range(K):
-            p = ts * K + k  # [BT]
-            e = tl.load(ids_ptr + p, mask=tmask, other=-1)
-            wk = tl.load(wts_ptr + p, mask=tmask, other=0.0).to(tl.float32)
-            use = (e >= 0) & (e < E) & tmask
-            x = tl.load(out_ptr + p.to(tl.int64)[:, None] * stride_om + ns[None, :],
-                        mask=use[:, None] & nmask[None, :], other=0.0, cache_modifier=".cg")
-            acc += tl.where(use[:, None], wk[:, None] * x.to(tl.float32), 0.0)
-        tl.store(y_ptr + ts[:, None] * stride_ym + ns[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=tmask[:, None] & nmask[None, :])
-
-
-@triton.jit
-def _arrive(y_ptr, out_ptr, ids_ptr, wts_ptr, arrive_ptr, pid_n, arrivals, ns, nmask, T,
-            stride_ym, stride_om, E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr,
-            BLOCK_N: tl.constexpr):
-    """Count this program into its column slab; the last of `arrivals` sums the slab (fixed slot
-    order, no race): every thread's stores happen before the arrival (release), the last arrival
-    acquires them all, resets the slab's counter for the next launch and writes y[:, ns]."""
-    tl.debug_barrier()
-    old = tl.atomic_add(arrive_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-    if old == arrivals - 1:
-        tl.atomic_xchg(arrive_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-        _combine_slab(y_ptr, out_ptr, ids_ptr, wts_ptr, ns, nmask, T, stride_ym, stride_om,
-                      E, K, BLOCK_T, BLOCK_N)
 
 
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, out_ptr, pair_list_ptr, counts_ptr, block_expert_ptr, block_row_ptr,
-    num_blocks_ptr, y_ptr, ids_ptr, wts_ptr, arrive_ptr,
-    N, KD, P, T, stride_am, stride_we, stride_wn, stride_om, stride_ym,
+    num_blocks_ptr, ids_ptr,
+    N, KD, P, stride_am, stride_we, stride_wn, stride_om,
     A_DIV: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-    N_FAST: tl.constexpr, PAIR_MAJOR: tl.constexpr, COMBINE: tl.constexpr,
-    PREFETCH: tl.constexpr, E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr,
-    LINES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N_FAST: tl.constexpr, PAIR_MAJOR: tl.constexpr, E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if N_FAST:
         pid_n = tl.program_id(0)
         b = tl.program_id(1)
     else:
         b = tl.program_id(0)
         pid_n = tl.program_id(1)
-    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    nmask = ns < N
     ms = tl.arange(0, BLOCK_M)  # [BM]
-    if PREFETCH:  # down GEMM only: its expert list is two launches old (align or the selection,
-        # then the up GEMM, then here), so it is complete before this grid starts: pull this
-        # tile's weight rows into L2 while the up GEMM still runs (.cg: never a stale L1 line)
-        if PAIR_MAJOR:
-            e0 = tl.load(ids_ptr + b, cache_modifier=".cg").to(tl.int64)
-        else:
-            e0 = tl.load(block_expert_ptr + b, cache_modifier=".cg").to(tl.int64)
-            e0 = tl.where(b < tl.load(num_blocks_ptr, cache_modifier=".cg"), e0, -1)
-        e0 = tl.where((e0 >= 0) & (e0 < E), e0, 0)
-        lines = tl.minimum(tl.arange(0, LINES) * 64, KD - 1)  # [LINES] one bf16 per 128 B
-        _prefetch_l2(w_ptr + e0 * stride_we + tl.where(nmask, ns, 0)[:, None].to(tl.int64)
-                     * stride_wn + lines[None, :])
-    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    if PAIR_MAJOR:  # block b = pair b alone (row 0 of a BLOCK_M tile): ids straight, no align
-        arrivals = P  # every program of the slab arrives, kept or not
+    if PAIR_MAJOR:  # block b = pair b alone (row 0 of a BLOCK_M tile), straight from ids: no align
         e = tl.load(ids_ptr + b).to(tl.int64)
         if (e < 0) | (e >= E):
-            if COMBINE:
-                _arrive(y_ptr, out_ptr, ids_ptr, wts_ptr, arrive_ptr, pid_n, arrivals, ns, nmask,
-                        T, stride_ym, stride_om, E, K, BLOCK_T, BLOCK_N)
             return
         rmask = ms == 0
         pair = (b + ms * 0).to(tl.int64)  # [BM]
     else:
-        arrivals = tl.load(num_blocks_ptr)
-        if b >= arrivals:
-            if COMBINE:  # no kept pair at all: nobody arrives, so block 0 writes the (zero) output
-                if (arrivals == 0) & (b == 0):
-                    _combine_slab(y_ptr, out_ptr, ids_ptr, wts_ptr, ns, nmask, T, stride_ym,
-                                  stride_om, E, K, BLOCK_T, BLOCK_N)
+        if b >= tl.load(num_blocks_ptr):
             return
         e = tl.load(block_expert_ptr + b).to(tl.int64)
         rows = tl.load(block_row_ptr + b) + ms  # [BM] rows of expert e's list
         rmask = rows < tl.load(counts_ptr + e)
         pair = tl.load(pair_list_ptr + e * P + rows, mask=rmask, other=0).to(tl.int64)  # [BM]
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    nmask = ns < N
     ks = tl.arange(0, BLOCK_K)  # [BK]
     a_ptrs = a_ptr + (pair // A_DIV)[:, None] * stride_am + ks[None, :]  # [BM, BK]
     w_ptrs = w_ptr + e * stride_we + ns[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BK, BN]
@@ -169,9 +99,6 @@ def _moe_gemm_kernel(
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
     out_ptrs = out_ptr + pair[:, None] * stride_om + ns[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
-    if COMBINE:
-        _arrive(y_ptr, out_ptr, ids_ptr, wts_ptr, arrive_ptr, pid_n, arrivals, ns, nmask, T,
-                stride_ym, stride_om, E, K, BLOCK_T, BLOCK_N)
 
 
 def moe_gemm(
@@ -183,23 +110,19 @@ def moe_gemm(
     a_div: int,  # pair p reads row p // a_div of a (K for hidden, 1 for per-pair rows)
     gated: bool,
     config: GemmConfig = GemmConfig(),
-    ids: torch.Tensor | None = None,  # [T, K] int32/int64 contiguous: pair-major and combine
-    combine: tuple | None = None,  # (y [T, N], weights [T, K] contiguous): plain GEMM only
+    ids: torch.Tensor | None = None,  # [T, K] int32/int64 contiguous, for blocks None
 ) -> torch.Tensor:
     """Grouped GEMM over the kept pairs; rows of `out` for dropped pairs are left untouched.
 
     blocks None: pair-major, every slot p of ids is its own block (one row of a BLOCK_M=16 tile),
     read straight from ids: no align; an expert is read once per slot that keeps it.
-    combine: also write y[t] = sum_k weights[t, k] * out[t*K + k] (moe_combine's sum, same order):
-    the last block to finish each column slab computes it, so no combine launch is needed.
-    Returns out, or y with combine.
     """
     E, NW, KD = w.shape
     N = NW // 2 if gated else NW
     pair_major = blocks is None
-    check(not (pair_major or combine) or (ids is not None and ids.dim() == 2 and ids.is_contiguous()
-                                          and ids.dtype in (torch.int32, torch.int64)),
-          "ids: pair-major and combine need contiguous int32/int64 ids [T, K]")
+    check(not pair_major or (ids is not None and ids.dim() == 2 and ids.is_contiguous()
+                             and ids.dtype in (torch.int32, torch.int64)),
+          "ids: the pair-major GEMM (blocks None) needs contiguous int32/int64 ids [T, K]")
     P = ids.numel() if pair_major else blocks.pair_list.shape[1]
     check(a.dim() == 2 and a.shape[1] == KD and a.stride(1) == 1,
           f"a: expected [R, {KD}] with unit column stride, got {tuple(a.shape)} {a.stride()}")
@@ -211,36 +134,20 @@ def moe_gemm(
           f"out: expected [{P}, {N}] with unit column stride, got {tuple(out.shape)}")
     check(pair_major or blocks.counts.shape[0] == E,
           f"blocks: built for {0 if pair_major else blocks.counts.shape[0]} experts, w has {E}")
-    n_tiles = triton.cdiv(N, config.block_n)
-    grid = (P if pair_major else blocks.block_expert.shape[0], n_tiles)
+    grid = (P if pair_major else blocks.block_expert.shape[0], triton.cdiv(N, config.block_n))
     if config.n_fast:
         grid = grid[::-1]
-    if P == 0 or grid[0] * grid[1] == 0:
-        check(combine is None, "combine: needs at least one pair")
+    if grid[0] * grid[1] == 0:
         return out
-    pdl = use_pdl(a.device)
-    T, K = ids.shape if ids is not None else (0, 1)
-    if combine is None:
-        y, wts, arrive = out, out, out  # unused (COMBINE=False)
-    else:
-        y, wts = combine
-        check(not gated and y.shape == (T, N) and y.stride(1) == 1 and wts.shape == (T, K)
-              and wts.is_contiguous(),
-              f"combine: needs the plain GEMM, y [{T}, {N}] with unit column stride and contiguous "
-              f"weights [{T}, {K}]")
-        arrive = arrival_counters(a.device, n_tiles)
-    meta = (ids, ids, ids, ids, ids) if pair_major else (
+    meta = (ids,) * 5 if pair_major else (
         blocks.pair_list, blocks.counts, blocks.block_expert, blocks.block_row, blocks.num_blocks)
+    pdl = use_pdl(a.device)
     _moe_gemm_kernel[grid](
-        a, w, out, *meta, y, ids if ids is not None else out, wts, arrive,
-        N, KD, P, T, a.stride(0), w.stride(0), w.stride(1), out.stride(0), y.stride(0),
+        a, w, out, *meta, ids if pair_major else blocks.counts,
+        N, KD, P, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         A_DIV=a_div, GATED=gated, EVEN_K=KD % config.block_k == 0, DOT_F32=is_interpreter(),
-        N_FAST=config.n_fast, PAIR_MAJOR=pair_major, COMBINE=combine is not None,
-        PREFETCH=config.prefetch and pdl and not gated,
-        E=E if (pair_major or combine is not None) else 0, K=K,
-        BLOCK_T=max(1, min(16, 4096 // config.block_n)),  # tokens per combine step
-        LINES=max(1, min(triton.next_power_of_2(triton.cdiv(KD, 64)), 8192 // config.block_n)),
+        N_FAST=config.n_fast, PAIR_MAJOR=pair_major, E=E if pair_major else 0,
         BLOCK_M=16 if pair_major else blocks.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, USE_PDL=pdl, num_warps=config.num_warps,
         num_stages=config.num_stages, **launch_kwargs(pdl))
-    return out if combine is None else y
+    return out

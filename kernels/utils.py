@@ -57,25 +57,6 @@ def barrier_buffer(device: torch.device) -> torch.Tensor:
     return buf
 
 
-_ARRIVALS: dict[tuple, torch.Tensor] = {}
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """int32 [>= n] arrival counters (moe_gemm's combine), one buffer per (device, current stream).
-
-    Zeroed once: the last arrival of each launch sets its counter back to 0, and launches on one
-    stream are serialised. Made during graph capture, a buffer is not cached (see barrier_buffer).
-    """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _ARRIVALS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            _ARRIVALS[key] = buf
-    return buf
-
-
 def check(cond: bool, msg: str) -> None:
     """Contract check that survives `python -O` (unlike assert)."""
     if not cond:

@@ -3,8 +3,8 @@
 #   1. check_kernels_gpu.py --only moe: every structure == the fp32 reference at three shapes, graph
 #      replays == eager, two streams, base_sched in both selection kernels -> OUT/checks.json, check_moe.log
 #   2. tests/kernels on CUDA (and the base_score strided test alone, verbose) -> OUT/pytest.log
-#   3. gpu/sweep_moe.py: grouped / fused combine / prefetch / pair-major per (shape, T, routing),
-#      then a tile search on the winner                                  -> OUT/sweep_moe.json, sweep.log
+#   3. gpu/sweep_moe.py: grouped / pair-major per (shape, T, routing), then a tile search on the
+#      faster one                                  -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest sweep bench"] bash benchmarks/gpu/run_moe_h200.sh
@@ -27,7 +27,7 @@ for part in $PARTS; do
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
-            (cd "${PKG:-$ROOT}" && timeout -k 10 100 python3 -m pytest -q -rfE -p no:cacheprovider \
+            (cd "${PKG:-$ROOT}" && timeout -k 10 150 python3 -m pytest -q -rfE -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/kernels" \
                 > "$OUT/pytest.log" 2>&1) || status=1
             (cd "${PKG:-$ROOT}" && timeout -k 10 40 python3 -m pytest -q -x -p no:cacheprovider \
@@ -36,7 +36,8 @@ for part in $PARTS; do
                 | tail -60 >> "$OUT/pytest.log")
             grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
         sweep) echo "=== launch structures and tiles"
-            timeout -k 10 230 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 200 --tokens 1,2,8,16,32,64 --tile-tokens 1,8,16 \
+            timeout -k 10 350 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 320 \
+                --tokens 1,2,8,16,32,64 --tile-tokens 1,2,8,16,32,64 \
                 > "$OUT/sweep.log" 2>&1 || status=1
             grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -45 ;;
         bench) echo "=== MoE layer at T = 1, 8 (Qwen3) with SGLang's align timed"

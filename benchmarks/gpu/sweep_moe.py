@@ -4,14 +4,12 @@
         [--tile-tokens 1,8,16,64] [--budget-s 300]
 For each shape, T and routing (dense top-k, and BASE at M=16, M=4 for E=8) it times fused_moe as
 bench_fused_moe does (CUDA graph of 10 calls, median of 15 replays, 3 rotating weight copies):
-    grouped        align -> up -> down -> combine                 4 launches, default tiles
-    grouped+fc     the combine folded into the down GEMM          3
-    grouped+fc+pf  ... and the down GEMM's weights L2-prefetched before its PDL wait
-    pair           pair-major (no align) -> combine launch        3   (T <= 4 only)
-    pair+fc        pair-major, combine folded                     2
-    pair+fc+pf
-then, for --tile-tokens, a coordinate search (BLOCK_M, up tiles, down tiles, grid order) on the
-best structure. Every output is checked against the grouped default (rel. L2 < 1e-2) before it is
+    grouped   align -> up -> down -> combine                  4 launches, default tiles
+    pair      pair-major (no align) -> combine                3          (T <= 4 only)
+then, for --tile-tokens, a coordinate search (BLOCK_M, up tiles, down tiles, grid order of each
+GEMM) on the faster structure. (An earlier version also timed the combine folded into the down GEMM
+and an L2 prefetch of the down weights before the PDL wait: both measured slower or equal, and
+were removed; benchmarks/results/kernels_h200_moe/README.md.) Every output is checked against the grouped default (rel. L2 < 1e-2) before it is
 timed. Prints one line per cell; writes sweep_moe.json (every timing, the winners, provenance).
 """
 
@@ -47,23 +45,26 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 UP = [GemmConfig(32, 128, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(16, 256, 4, 3),
       GemmConfig(32, 64, 4, 5), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
-      GemmConfig(64, 64, 4, 4), GemmConfig(16, 64, 4, 6)]
+      GemmConfig(64, 64, 4, 4), GemmConfig(16, 64, 4, 6), GemmConfig(128, 64, 4, 4),
+      GemmConfig(64, 64, 8, 5)]
 DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
         GemmConfig(64, 64, 4, 5), GemmConfig(64, 256, 4, 3), GemmConfig(32, 256, 4, 3),
-        GemmConfig(128, 64, 4, 4), GemmConfig(16, 128, 4, 4)]
+        GemmConfig(128, 64, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(32, 64, 4, 6),
+        GemmConfig(128, 128, 8, 4)]
 
 
 def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
-    pf = dataclasses.replace(base.down, prefetch=True)
-    grouped = dataclasses.replace(base, pair_major=False)
-    out = {"grouped": grouped,
-           "grouped+fc": dataclasses.replace(grouped, fuse_combine=True),
-           "grouped+fc+pf": dataclasses.replace(grouped, fuse_combine=True, down=pf)}
+    out = {"grouped": dataclasses.replace(base, pair_major=False)}
     if T <= 4:
-        pair = dataclasses.replace(base, pair_major=True, up=GemmConfig(16, 128, 4, 4))
-        out.update({"pair": pair, "pair+fc": dataclasses.replace(pair, fuse_combine=True),
-                    "pair+fc+pf": dataclasses.replace(pair, fuse_combine=True, down=pf)})
+        out["pair"] = dataclasses.replace(base, pair_major=True)
     return out
+
+
+def short(cfg: dict) -> str:
+    """bm/pm up(n,k,w,s,order) down(...) in one token, for the log."""
+    def g(c):
+        return f"{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']}{'n' if c['n_fast'] else 'b'}"
+    return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
 
 
 def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
@@ -72,13 +73,18 @@ def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeC
         return [dataclasses.replace(cfg, block_m=bm) for bm in (32, 64)
                 if not cfg.pair_major and bm <= 2 * max(1, pairs // max(n_read, 1))]
     if stage == "up":
-        return [dataclasses.replace(cfg, up=u) for u in UP if u != cfg.up]
+        return [dataclasses.replace(cfg, up=dataclasses.replace(u, n_fast=cfg.up.n_fast))
+                for u in UP if (u.block_n, u.block_k, u.num_warps, u.num_stages)
+                != (cfg.up.block_n, cfg.up.block_k, cfg.up.num_warps, cfg.up.num_stages)]
     if stage == "down":
-        return [dataclasses.replace(cfg, down=dataclasses.replace(d, prefetch=cfg.down.prefetch))
-                for d in DOWN if (d.block_n, d.block_k, d.num_stages)
-                != (cfg.down.block_n, cfg.down.block_k, cfg.down.num_stages)]
-    return [dataclasses.replace(cfg, up=dataclasses.replace(cfg.up, n_fast=True),
-                                down=dataclasses.replace(cfg.down, n_fast=True))]
+        return [dataclasses.replace(cfg, down=dataclasses.replace(d, n_fast=cfg.down.n_fast))
+                for d in DOWN if (d.block_n, d.block_k, d.num_warps, d.num_stages)
+                != (cfg.down.block_n, cfg.down.block_k, cfg.down.num_warps, cfg.down.num_stages)]
+    flip = dataclasses.replace  # grid order of each GEMM, then both
+    return [flip(cfg, up=flip(cfg.up, n_fast=not cfg.up.n_fast)),
+            flip(cfg, down=flip(cfg.down, n_fast=not cfg.down.n_fast)),
+            flip(cfg, up=flip(cfg.up, n_fast=not cfg.up.n_fast),
+                 down=flip(cfg.down, n_fast=not cfg.down.n_fast))]
 
 
 def main() -> int:
@@ -123,13 +129,13 @@ def main() -> int:
                     ref = fused_moe(hidden, ids, w, gus[0], dns[0], config=dataclasses.replace(
                         default_config(T, E, K), pair_major=False)).float()
 
-                    def timed(cfg, ids=ids, w=w, hidden=hidden, ref=ref):
+                    def timed(cfg, ids=ids, w=w, hidden=hidden, ref=ref, gus=gus, dns=dns):
                         y = fused_moe(hidden, ids, w, gus[0], dns[0], config=cfg).float()
                         rel = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
                         if not rel < 1e-2:
                             raise RuntimeError(f"output differs from the grouped default: {rel:.2e}")
                         return graph_time_us(rotating(
-                            lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)))
+                            lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)))  # noqa: B023
 
                     base = default_config(T, E, K, None if label == "dense" else m_base)
                     times = {name: timed(cfg) for name, cfg in structures(base, T).items()}
@@ -141,7 +147,7 @@ def main() -> int:
                         cfg = structures(base, T)[best_name]
                         best_t = times[best_name]
                         trials = []
-                        for stage in ("bm", "up", "down", "order"):
+                        for stage in ("bm", "order", "up", "down", "order"):
                             for c in candidates(stage, cfg, T * K, n_read):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))
@@ -153,7 +159,8 @@ def main() -> int:
                     best = cell.get("tuned_us", times[best_name])
                     print(f"{shape:14} T={T:<3} {label:6} read={n_read:<3} floor={floor:6.1f} "
                           + " ".join(f"{k}={v:.1f}" for k, v in times.items())
-                          + f" | best {best:.1f} ({best / floor:.2f}x floor)", flush=True)
+                          + f" | best {best:.1f} ({best / floor:.2f}x floor)"
+                          + (f" {short(cell['tuned'])}" if "tuned" in cell else ""), flush=True)
                 except Exception:
                     traceback.print_exc()
                 json.dump(result, open(path, "w"), indent=1)

@@ -45,9 +45,9 @@ def test_strided_hidden_rows():
     logits, ids, w = routing(4, 8, 2)
     pred = predictor(8, 16)
     wide = torch.randn(4, 40, device=DEVICE)
-    got = base_score(wide[:, :16], ids, w, torch.zeros(4, dtype=torch.int64, device=DEVICE),
-                     pred.weight[0], pred.bias[0])
-    want = reference(wide[:, :16].contiguous(), ids, w, torch.zeros(4, dtype=torch.int64), pred)
+    no_budget = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    got = base_score(wide[:, :16], ids, w, no_budget, pred.weight[0], pred.bias[0])
+    want = reference(wide[:, :16].contiguous(), ids, w, no_budget, pred)
     torch.testing.assert_close(got, want.to(got.device), rtol=1e-5, atol=1e-7)
 
 
