@@ -41,7 +41,7 @@ from kernel_common import (  # noqa: E402
 
 from base_sglang.core import SelectionConfig  # noqa: E402
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
-from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
+from base_sglang.kernels.fused_moe import MoeConfig, default_config, device_name  # noqa: E402
 from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
 from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
@@ -137,7 +137,9 @@ def main() -> int:
                                               norm_topk_prob=s["norm_topk_prob"])
                     sel[M] = (out.ids, out.weights)
                 m_mid = budgets_for(E, K)[len(budgets_for(E, K)) // 2]
-                cfg_dense, cfg_base = default_config(T, E, K), default_config(T, E, K, m_mid)
+                gpu = device_name(torch.device(DEVICE))  # the shipped default: tuned rows of this GPU
+                cfg_dense = default_config(T, E, K, hidden=H, inter=I, gpu=gpu)
+                cfg_base = default_config(T, E, K, m_mid, hidden=H, inter=I, gpu=gpu)
                 pdl_dense = pdl_base = True
                 if not args.no_tune:
                     cfg_dense, pdl_dense = tune(hidden, r.ids, r.weights, gus, dns, cfg_dense)

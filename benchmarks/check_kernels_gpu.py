@@ -16,7 +16,7 @@
 7. The one-launch selection's grid barrier (base_fused_select): 300 calls alternating grid sizes
    (T in 1..200, E = 64 / 128) == the core and bitwise equal to the first call of each case; two
    streams launching concurrently; the plain (non-cooperative) launch == the cooperative one.
-8. fused_moe grouped and pair-major == the fp32 reference at the three shapes, T in {1, 2, 16, 64},
+8. fused_moe grouped, pair-major and the shipped default (tuned rows) == the fp32 reference at the three shapes, T in {1, 2, 16, 64},
    with a dropped slot and an all-dropped token (output exactly 0); run-to-run bit-equal.
 9. Selection + fused_moe (T=1 pair-major, T=16 grouped) in one CUDA graph, replays with new budgets
    == eager; 40 launches on two concurrent streams == one eager.
@@ -355,10 +355,10 @@ def check_moe_paths() -> None:
                 ids[-1] = -1
             ref = moe_forward_ref(hidden.float(), ids.long(), r.weights, gate_up.float(), down.float())
             outs = {}
-            for name, pm in MOE_PATHS.items():
-                y = fused_moe(hidden, ids, r.weights, gate_up, down, config=moe_config(T, E, K, pm))
-                again = fused_moe(hidden, ids, r.weights, gate_up, down,
-                                  config=moe_config(T, E, K, pm))
+            for name, pm in (*MOE_PATHS.items(), ("default", None)):  # default: the tuned rows
+                cfg = None if pm is None else moe_config(T, E, K, pm)
+                y = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
+                again = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
                 rel = ((y.float() - ref).norm() / ref.norm()).item()
                 outs[name] = y
                 zero_row = T == 1 or bool((y[-1] == 0).all())

@@ -8,24 +8,24 @@ Fixed shapes for given (T, K, E, H, I), no host sync: graph-capturable, determin
     grouped     align -> up GEMM -> down GEMM -> combine      (4)
     pair_major  up GEMM -> down GEMM -> combine               (3: every slot its own one-row
                                                                  block, straight from ids)
-default_config picks pair-major for T <= PAIR_MAJOR_MAX_T (at T = 1 a top-k router's slots are
-distinct experts, so each kept expert is still read once). This is base_sglang.core.moe_forward_ref
+default_config takes the tuned config of the GPU and shape (moe_configs) or a heuristic; pair-major
+wins at T = 1 (a top-k router's slots are distinct experts: each kept expert is still read once)
+and at T = 2 with many experts per slot. This is base_sglang.core.moe_forward_ref
 on the GPU.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
+from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
-
-# pair-major up to this batch: from T = 2 on, an expert shared by two tokens would be read twice
-PAIR_MAJOR_MAX_T = 1
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,59 @@ class MoeConfig:
     down: GemmConfig = GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
     pair_major: bool = False  # each slot its own one-row block: no align launch
 
+    @staticmethod
+    def from_dict(d: dict) -> MoeConfig:
+        return MoeConfig(block_m=int(d["block_m"]), pair_major=bool(d["pair_major"]),
+                         up=GemmConfig(**d["up"]), down=GemmConfig(**d["down"]))
 
-def default_config(num_tokens: int, num_experts: int, top_k: int,
-                   max_experts: int | None = None) -> MoeConfig:
-    """Decode heuristic: BLOCK_M covers the mean pairs per active expert (16..64).
+
+LARGE_EXPERT = 4096  # intermediate size from which an expert's weights stream best in BLOCK_K 256
+
+
+def pair_major_wins(num_tokens: int, num_experts: int, top_k: int) -> bool:
+    """Measured on the H200 (benchmarks/results/kernels_h200_moe): pair-major is faster at T = 1
+    for every shape, and at T = 2 where experts are many per slot (Qwen3 E=16K, OLMoE E=8K: 18-24%
+    faster); Mixtral (E = 4K) shares experts at T = 2 and loses 4%."""
+    return num_tokens == 1 or (num_tokens == 2 and num_experts >= 8 * top_k)
+
+
+def default_config(num_tokens: int, num_experts: int, top_k: int, max_experts: int | None = None,
+                   *, hidden: int | None = None, inter: int | None = None,
+                   gpu: str | None = None) -> MoeConfig:
+    """The tuned config of this GPU and shape when moe_configs has one, else a heuristic.
 
     max_experts: an upper bound on the experts actually executed (e.g. the BASE budget M), when the
-    caller knows it; fewer experts means more pairs per expert.
+    caller knows it; below E it selects the "budget" rows (fewer experts, more pairs each).
+    Heuristic: pair-major where pair_major_wins, else BLOCK_M covers the mean pairs per active
+    expert (16..64); tiles from the sweep's most common winners.
     """
+    budgeted = max_experts is not None and max_experts < num_experts
+    if gpu and hidden and inter:
+        row = tuned_row(load_table(str(gpu_file(gpu))),
+                        shape_key(num_experts, hidden, inter, top_k), num_tokens, budgeted)
+        if row is not None:
+            return MoeConfig.from_dict(row)
+    large = (inter or 0) >= LARGE_EXPERT
+    if pair_major_wins(num_tokens, num_experts, top_k):
+        if large:
+            return MoeConfig(pair_major=True, up=GemmConfig(16, 128, 4, 4),
+                             down=GemmConfig(64, 128, 4, 4))
+        return MoeConfig(pair_major=True, up=GemmConfig(32, 64, 4, 5),
+                         down=GemmConfig(128, 128, 8, 4, n_fast=True))
     pairs = max(num_tokens * top_k, 1)
     active = min(num_experts, pairs, max_experts or num_experts)
     per_expert = -(-pairs // max(active, 1))
     block_m = min(max(16, 1 << (per_expert - 1).bit_length()), 64)
-    return MoeConfig(block_m=block_m, pair_major=num_tokens <= PAIR_MAJOR_MAX_T)
+    if large:
+        return MoeConfig(block_m=block_m, up=GemmConfig(32, 256, 4, 3), down=GemmConfig(64, 256, 4, 3))
+    if num_tokens >= 32:
+        return MoeConfig(block_m=block_m, up=GemmConfig(32, 256, 4, 3))
+    return MoeConfig(block_m=block_m)
+
+
+@functools.lru_cache(maxsize=8)
+def device_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def fused_moe(
@@ -78,7 +118,7 @@ def fused_moe(
     check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
     ids = ids.contiguous()
     weights = weights.contiguous()
-    cfg = config or default_config(T, E, K, max_experts)
+    cfg = config or default_config(T, E, K, max_experts, hidden=H, inter=I, gpu=device_name(dev))
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up, ids=ids)

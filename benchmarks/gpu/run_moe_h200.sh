@@ -6,6 +6,8 @@
 #   3. gpu/sweep_moe.py: grouped / pair-major per (shape, T, routing), then a tile search on the
 #      faster one                                  -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
+#   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
+#      rows of kernels/configs), three shapes, T in 1..128, SGLang timed   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest sweep bench"] bash benchmarks/gpu/run_moe_h200.sh
 set -uo pipefail
@@ -45,7 +47,13 @@ for part in $PARTS; do
             timeout -k 10 80 python3 benchmarks/bench_fused_moe.py --out "$OUT" --sglang-root /tmp/sglang_whl \
                 --shapes qwen3-30b-a3b --tokens 1,8 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             tail -16 "$OUT/bench_fused_moe.log" ;;
-        *) echo "unknown part '$part' (check pytest sweep bench)" >&2; exit 2 ;;
+        full) echo "=== MoE layer, shipped defaults (--no-tune), three shapes, T <= 128, SGLang"
+            unpack_sglang_wheel
+            timeout -k 10 ${FULL_S:-330} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
+                --sglang-root /tmp/sglang_whl --tokens 1,2,8,16,32,64,128 \
+                > "$OUT/bench_fused_moe.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/bench_fused_moe.log" | tail -90 | cut -c1-120 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full)" >&2; exit 2 ;;
     esac
 done
 exit $status
