@@ -6,6 +6,8 @@
 #   3. gpu/sweep_moe.py: grouped / pair-major per (shape, T, routing), then a tile search on the
 #      faster one                                  -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
+#   extend (only when named): sweep EXTEND_T (default 4,128), merge it with EXTEND_BASE (earlier
+#      sweep files) into kernels/configs/NVIDIA_H200.json, bench those T with it -> OUT/
 #   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
 #      rows of kernels/configs), three shapes, T in 1..128, SGLang timed   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
@@ -53,7 +55,19 @@ for part in $PARTS; do
                 --sglang-root /tmp/sglang_whl --tokens 1,2,8,16,32,64,128 \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -90 | cut -c1-120 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full)" >&2; exit 2 ;;
+        extend) echo "=== extend the tuned table: sweep T = ${EXTEND_T:-4,128}, merge, re-bench those T"
+            timeout -k 10 ${EXTEND_S:-270} python3 benchmarks/gpu/sweep_moe.py --out "$OUT" \
+                --budget-s $(( ${EXTEND_S:-270} - 30 )) --tokens "${EXTEND_T:-4,128}" \
+                --tile-tokens "${EXTEND_T:-4,128}" > "$OUT/sweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -14
+            python3 benchmarks/gpu/tuned_configs.py ${EXTEND_BASE:-} "$OUT/sweep_moe.json" && \
+                cp kernels/configs/NVIDIA_H200.json "$OUT/" || status=1
+            unpack_sglang_wheel
+            timeout -k 10 ${FULL_S:-150} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
+                --sglang-root /tmp/sglang_whl --tokens "${EXTEND_T:-4,128}" \
+                > "$OUT/bench_fused_moe.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-120 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full extend)" >&2; exit 2 ;;
     esac
 done
 exit $status

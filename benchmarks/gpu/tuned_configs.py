@@ -1,7 +1,7 @@
 """Write kernels/configs/<GPU>.json (the tuned fused_moe configs) from a sweep_moe.py result.
 
-    python benchmarks/gpu/tuned_configs.py SWEEP_JSON [--out kernels/configs]
-Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
+    python benchmarks/gpu/tuned_configs.py SWEEP_JSON [SWEEP_JSON ...] [--out kernels/configs]
+Several sweeps of one GPU merge (a later file's cell replaces an earlier one's). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
 row of its shape, routing kind (dense top-k, or BASE-selected: "budget") and T. The provenance
 (GPU, commit, torch/triton, the sweep file) is copied in. kernels/moe_configs.py reads the file.
 """
@@ -42,18 +42,24 @@ def rows_from_sweep(sweep: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("sweep")
+    ap.add_argument("sweep", nargs="+")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "kernels",
                                                   "configs"))
     args = ap.parse_args()
-    sweep = json.load(open(args.sweep))
-    if not sweep.get("cells"):
-        print(f"{args.sweep}: no cells", file=sys.stderr)
+    sweeps = [json.load(open(p)) for p in args.sweep]
+    gpus = {sw.get("gpu") for sw in sweeps}
+    if any(not sw.get("cells") for sw in sweeps) or len(gpus) != 1:
+        print(f"{args.sweep}: every sweep needs cells, all of one GPU (got {sorted(map(str, gpus))})",
+              file=sys.stderr)
         return 2
-    gpu = sweep["gpu"]
-    table = {"provenance": {k: sweep.get(k) for k in ("gpu", "commit", "torch", "triton", "settings")}
-             | {"sweep": os.path.relpath(args.sweep), "copy_bw_gbs": sweep.get("copy_bw_gbs")},
-             "shapes": rows_from_sweep(sweep)}
+    gpu = gpus.pop()
+    merged = {"cells": [c for sw in sweeps for c in sw["cells"]]}
+    table = {"provenance": {"gpu": gpu,
+                            "sweeps": [{"file": os.path.relpath(p), "commit": sw.get("commit"),
+                                        "torch": sw.get("torch"), "triton": sw.get("triton"),
+                                        "copy_bw_gbs": sw.get("copy_bw_gbs")}
+                                       for p, sw in zip(args.sweep, sweeps)]},
+             "shapes": rows_from_sweep(merged)}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, gpu.replace(" ", "_") + ".json")
     with open(path, "w") as f:
