@@ -77,7 +77,8 @@ def base_select_experts(
     w = topk_weights.contiguous()
     table = None  # [E+1] this layer's schedule (base_sched)
     if config.policy == "base_sched":
-        table = predictor.layer_budget[j].to(dev, torch.float32).contiguous()
+        # the core's pick: the table of the batch-size range of T = ids.shape[0] rows (predictor.py)
+        table = predictor.layer_schedule(layer_id, ids.shape[0]).to(dev, torch.float32).contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
               alpha=config.renorm_alpha, table=table)
     if selection_kernel(ids.shape[0], router_logits.shape[1]) == "two":
