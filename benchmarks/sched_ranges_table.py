@@ -3,8 +3,8 @@
     python benchmarks/sched_ranges_table.py --out STEM REF.json:NEW.json [REF.json:NEW.json ...]
 
 REF is a merged report of the q3 runs (base_plus and base_sched with the single B = 16 table, same
-windows), NEW a base-eval run of base_sched / oracle_sched with the multi-range predictor file on the
-same windows (the files must agree on model, batch size and dense NLL). Differences are in the
+windows), NEW a base-eval run of base_sched / oracle_sched with the multi-range predictor file (or
+another table: --label names it) on the same windows (the files must agree on model, batch size and dense NLL). Differences are in the
 per-token NLL increase; "*" marks |diff| > 2 sqrt(se_a^2 + se_b^2) (the reports' two-SE rule).
 Prints a markdown table and writes STEM.csv / STEM.json (no recomputation: rows of the files).
 """
@@ -75,9 +75,9 @@ def _dcell(d: dict | None) -> str:
     return f"{d['rel_pct']:+.1f} %" + (" *" if d["significant"] else "") + f" ({d['dnll']:+.4f} ± {d['two_se']:.4f})"
 
 
-def markdown(rows: list[dict]) -> str:
-    out = ["| model | B | M | base_plus | base_sched, B=16 table | base_sched, ranges | oracle_sched, ranges "
-           "| B=16 table vs base_plus | ranges vs base_plus | ranges vs B=16 table |",
+def markdown(rows: list[dict], new: str = "ranges") -> str:
+    out = [f"| model | B | M | base_plus | base_sched, B=16 table | base_sched, {new} | oracle_sched, {new} "
+           f"| B=16 table vs base_plus | {new} vs base_plus | {new} vs B=16 table |",
            "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         label = f"{r['M']}" + (" (< k)" if r["M"] < r["top_k"] else "")
@@ -92,6 +92,7 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sched_ranges_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output stem (.csv, .json)")
+    p.add_argument("--label", default="ranges", help="what NEW's predictor file holds (column names)")
     p.add_argument("pairs", nargs="+", help="REF.json:NEW.json")
     args = p.parse_args(argv)
     rows = []
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += compare(json.loads(Path(ref).read_text()), json.loads(Path(new).read_text()))
         except (ValueError, FileNotFoundError) as e:
             p.error(f"{pair}: {e}")
-    print(markdown(rows))
+    print(markdown(rows, args.label))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"pairs": args.pairs, "rows": rows}, indent=1))
