@@ -3,7 +3,8 @@
 # range) and B = 48 (inside the B = 64 range), base_plus and base_sched with the single B = 16 table
 # against base_sched with the single B = 64 table, report split, both proxies (CPU, one job at a time).
 #   bash benchmarks/run_sched_bounds_cpu.sh [PROXY2_DIR]      (PROXY2_DIR default .proxy2/proxy2-moe)
-# Tables are rebuilt from the committed curves (seconds). Writes benchmarks/results/q4/bounds_*.
+# Tables are rebuilt from the committed curves (seconds) into benchmarks/results/q4/ (the q3 records
+# stay as they are). Writes benchmarks/results/q4/bounds_*.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 P2DIR=${1:-.proxy2/proxy2-moe}
@@ -14,9 +15,9 @@ table() {  # out_stem model predictor up_to curves_json
   [ -f "$1.safetensors" ] || python -m base_sglang.calibration.layer_schedule --model "$2" \
     --predictor "$3" --data base_sglang/data/heldout.txt --out "$1" --up-to "$4" --curves "$5"
 }
-table $R/q3/schedule_proxy_upto12 $P1 $P1/predictor.safetensors 12 $R/q3/schedule_proxy.json
+table $R/q4/schedule_proxy_b16 $P1 $P1/predictor.safetensors 12 $R/q3/schedule_proxy.json
 table $R/q4/schedule_proxy_calib_b64 $P1 $P1/predictor.safetensors 12 $R/q4/schedule_proxy_calib_b64.json
-table $R/q3/schedule_proxy2 "$P2DIR" $R/proxy2/predictor.safetensors 6 $R/q3/schedule_proxy2.json
+table $R/q4/schedule_proxy2_b16 "$P2DIR" $R/proxy2/predictor.safetensors 6 $R/q3/schedule_proxy2.json
 table $R/q4/schedule_proxy2_calib_b64 "$P2DIR" $R/proxy2/predictor.safetensors 6 \
   $R/q4/schedule_proxy2_calib_b64.json
 pairs=()
@@ -30,7 +31,7 @@ run() {  # name model b16_table b64_table batch num_batches "budgets"
 }
 for spec in "32 2" "48 1"; do
   set -- $spec
-  run proxy $P1 $R/q3/schedule_proxy_upto12 $R/q4/schedule_proxy_calib_b64 "$1" "$2" "8 12"
-  run proxy2 "$P2DIR" $R/q3/schedule_proxy2 $R/q4/schedule_proxy2_calib_b64 "$1" "$2" "4 6"
+  run proxy $P1 $R/q4/schedule_proxy_b16 $R/q4/schedule_proxy_calib_b64 "$1" "$2" "8 12"
+  run proxy2 "$P2DIR" $R/q4/schedule_proxy2_b16 $R/q4/schedule_proxy2_calib_b64 "$1" "$2" "4 6"
 done
 python benchmarks/sched_ranges_table.py --label "B=64 table" --out $R/q4/sched_bounds "${pairs[@]}"
