@@ -2,7 +2,8 @@
 
 Same signature and semantics as the core for policies "base", "base_plus" and "base_sched" (ids
 exact, weights to float rounding; base_sched is base_plus with the layer's scheduled budget, read
-in-kernel from the predictor's layer_budget table). Two kernels do it, chosen by shape (graph-safe):
+in-kernel from the [E+1] row of the predictor's layer_budget table that the host picks, as the core
+does, by the batch-size range of the T rows of the call: under CUDA graphs the captured batch size). Two kernels do it, chosen by shape (graph-safe):
   E >= FUSED_MIN_E and T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score,
                     top-M, backfill and weights in one cooperative launch;
   otherwise         base_score then base_select (two launches, pair-parallel scoring), which
@@ -77,7 +78,8 @@ def base_select_experts(
     w = topk_weights.contiguous()
     table = None  # [E+1] this layer's schedule (base_sched)
     if config.policy == "base_sched":
-        table = predictor.layer_budget[j].to(dev, torch.float32).contiguous()
+        # the core's pick: the table of the batch-size range of T = ids.shape[0] rows (predictor.py)
+        table = predictor.layer_schedule(layer_id, ids.shape[0]).to(dev, torch.float32).contiguous()
     kw = dict(backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
               alpha=config.renorm_alpha, table=table)
     if selection_kernel(ids.shape[0], router_logits.shape[1]) == "two":

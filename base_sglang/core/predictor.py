@@ -11,13 +11,26 @@ Shape legend: L = number of MoE layers, E = routed experts, H = hidden size.
   sere_sim     [L, E, E] fp32  SERE expert similarity                                     (optional)
   exfold_coef  [L, E, E] fp32  ExFold fold coefficient s -> t                              (optional)
   exfold_loss  [L, E, E] fp32  ExFold relative residual s -> t                             (optional)
-  layer_budget [L, E+1]  fp32  per-layer budget M_l for each batch budget M = 0..E (integer values,
-                               same total over the layers; calibration/layer_schedule.py)  (optional)
+  layer_budget [L, E+1]  fp32  per-layer budget M_l for each batch budget M = 0..E (integer values
+                               in 0..E, same total over the layers; calibration/layer_schedule.py),
+                               one table for every batch size                              (optional)
+            or [R, L, E+1]     one such table per batch-size range r = 0..R-1, ranges ascending
+  layer_budget_max_batch [R-1] fp32  integer upper bounds (inclusive, >= 1, strictly ascending) of the
+                               decode rows of ranges 0..R-2; range R-1 is open-ended (absent or
+                               empty with a single table)                                  (optional)
+
+Schedule range of a step (Predictor.schedule_range): the first r with rows <= layer_budget_max_batch[r],
+else R-1, where rows is the number of decode rows the selection sees, router_logits.shape[0]: the
+running requests in the native engine and base-eval; under SGLang's CUDA graphs the captured graph's
+batch size (padding rows included), which is what the kernels see. The pick is a host-side choice of
+the [E+1] row (no device synchronisation; fixed for a captured graph).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +41,8 @@ import torch
 FORMAT_VERSION = 1
 METADATA_KEY = "base_sglang"
 OPTIONAL_TENSORS = ("expert_freq", "expert_norm", "sere_sim", "exfold_coef", "exfold_loss",
-                    "layer_budget")
+                    "layer_budget", "layer_budget_max_batch")
+HOST_TENSORS = ("layer_budget_max_batch",)  # read on the host per step: Predictor.to keeps them on CPU
 
 
 class PredictorMismatch(ValueError):
@@ -60,7 +74,8 @@ class Predictor:
     sere_sim: torch.Tensor | None = None  # [L, E, E]
     exfold_coef: torch.Tensor | None = None  # [L, E, E]
     exfold_loss: torch.Tensor | None = None  # [L, E, E]
-    layer_budget: torch.Tensor | None = None  # [L, E+1]
+    layer_budget: torch.Tensor | None = None  # [L, E+1] or [R, L, E+1]
+    layer_budget_max_batch: torch.Tensor | None = None  # [R-1] upper bounds of the ranges (CPU)
 
     def __post_init__(self):
         m = self.meta
@@ -69,12 +84,17 @@ class Predictor:
         _check_shape("bias", self.bias, (num_moe, m.num_experts))
         for name in OPTIONAL_TENSORS:
             t = getattr(self, name)
-            if t is not None:
+            if t is not None and name not in ("layer_budget", "layer_budget_max_batch"):
                 tail = (m.num_experts,) * (1 if name in ("expert_freq", "expert_norm") else 2)
-                if name == "layer_budget":
-                    tail = (m.num_experts + 1,)
                 _check_shape(name, t, (num_moe, *tail))
         self._slot = {layer: j for j, layer in enumerate(m.moe_layers)}
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """Validate layer_budget / layer_budget_max_batch; cache the range bounds (host ints)."""
+        self._bounds = check_layer_budget(self.layer_budget, self.layer_budget_max_batch,
+                                          len(self.meta.moe_layers), self.meta.num_experts)
+        self._bounds_of = (self.layer_budget, self.layer_budget_max_batch)
 
     # ---- lookup ---------------------------------------------------------------------------
     def check_stats(self, policy: str, stat: str | None, where: str) -> None:
@@ -84,6 +104,28 @@ class Predictor:
                     if stat == "layer_budget" else "")
             raise ValueError(f"predictor: policy {policy!r} needs the {stat!r} statistics, which "
                              f"{where} lacks{hint}")
+
+    @property
+    def schedule_bounds(self) -> tuple[int, ...]:
+        """Inclusive upper bounds of the decode rows of schedule ranges 0..R-2 (() = one table)."""
+        if self._bounds_of[0] is not self.layer_budget or \
+                self._bounds_of[1] is not self.layer_budget_max_batch:
+            self._check_schedule()  # a table assigned after construction is validated once
+        return self._bounds
+
+    def schedule_range(self, rows: int) -> int:
+        """Index r of the layer_budget table serving a step of `rows` decode rows: the first range
+        with rows <= layer_budget_max_batch[r], else the last (open-ended) one."""
+        return bisect.bisect_left(self.schedule_bounds, int(rows))
+
+    def layer_schedule(self, layer_id: int, rows: int) -> torch.Tensor:
+        """[E+1] per-layer budgets of this layer for a step of `rows` decode rows (a view)."""
+        if self.layer_budget is None:
+            raise ValueError("predictor: no 'layer_budget' table (python -m "
+                             "base_sglang.calibration.layer_schedule writes it)")
+        r = self.schedule_range(rows)
+        table = self.layer_budget if self.layer_budget.dim() == 3 else self.layer_budget[None]
+        return table[r, self.slot(layer_id)]
 
     def slot(self, layer_id: int) -> int:
         """Index into the stacked tensors for a model layer id."""
@@ -106,7 +148,8 @@ class Predictor:
         return torch.einsum("th,tkh->tk", hidden.float(), rows) + b[safe]  # [T, K]
 
     def to(self, device: torch.device | str) -> Predictor:
-        kw = {n: (getattr(self, n).to(device) if getattr(self, n) is not None else None)
+        kw = {n: (getattr(self, n).to("cpu" if n in HOST_TENSORS else device)
+                  if getattr(self, n) is not None else None)
               for n in ("weight", "bias", *OPTIONAL_TENSORS)}
         return Predictor(meta=self.meta, **kw)
 
@@ -172,6 +215,49 @@ def _same_family(a: str, b: str) -> bool:
     """'qwen3_moe' ~ 'Qwen3MoeForCausalLM' ~ 'Qwen3MoeForCausalLM'; 'mixtral' !~ 'qwen3_moe'."""
     ca, cb = (re.sub(r"[^a-z0-9]", "", x.lower()) for x in (a, b))
     return ca.startswith(cb) or cb.startswith(ca)
+
+
+def check_layer_budget(table: torch.Tensor | None, bounds: torch.Tensor | None, num_layers: int,
+                       num_experts: int) -> tuple[int, ...]:
+    """Validate a schedule (layer_budget [L, E+1] or [R, L, E+1], layer_budget_max_batch [R-1]);
+    return the R-1 range bounds as host ints. Raises PredictorMismatch naming the field."""
+    L, E = num_layers, num_experts
+    if table is None:
+        if bounds is not None:
+            raise PredictorMismatch("predictor tensor 'layer_budget_max_batch' is given without "
+                                    "'layer_budget'")
+        return ()
+    if table.dim() == 2:
+        _check_shape("layer_budget", table, (L, E + 1))
+        R = 1
+    elif table.dim() == 3 and table.shape[0] >= 1:
+        R = table.shape[0]
+        _check_shape("layer_budget", table, (R, L, E + 1))
+    else:
+        raise PredictorMismatch(f"predictor tensor 'layer_budget' has shape {tuple(table.shape)}, "
+                                f"expected ({L}, {E + 1}) or (R, {L}, {E + 1}) with R >= 1 ranges")
+    if table.device.type != "meta":
+        t = table.detach().double()
+        if not (torch.isfinite(t).all() and (t == t.round()).all() and (t >= 0).all()
+                and (t <= E).all()):
+            raise PredictorMismatch(f"predictor tensor 'layer_budget' must hold integers in 0..{E}")
+    if bounds is None:
+        if R > 1:
+            raise PredictorMismatch(f"predictor tensor 'layer_budget' holds {R} tables (batch-size "
+                                    f"ranges) but 'layer_budget_max_batch' is missing")
+        return ()
+    if bounds.dim() != 1 or bounds.shape[0] != R - 1:
+        raise PredictorMismatch(f"predictor tensor 'layer_budget_max_batch' has shape "
+                                f"{tuple(bounds.shape)}, expected ({R - 1},): the upper bounds of "
+                                f"all but the last of the {R} ranges of 'layer_budget'")
+    vals = bounds.detach().cpu().double().tolist()
+    if not all(math.isfinite(v) and v == int(v) and v >= 1 for v in vals):
+        raise PredictorMismatch(f"predictor tensor 'layer_budget_max_batch' must hold integers >= 1, "
+                                f"got {vals}")
+    if any(b <= a for a, b in zip(vals, vals[1:])):
+        raise PredictorMismatch(f"predictor tensor 'layer_budget_max_batch' must be strictly "
+                                f"ascending, got {[int(v) for v in vals]}")
+    return tuple(int(v) for v in vals)
 
 
 def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -114,7 +114,9 @@ def select_experts(
     batch_m = torch.where(real, budget, torch.zeros_like(budget)).amax() if T else budget.new_zeros(())
     m = torch.where(any_dense, torch.full_like(batch_m, E), batch_m)  # [] batch budget M
     if variant is not None and variant[2] and layer_id not in config.skip_layers:
-        table = _need(predictor, config.policy).layer_budget[predictor.slot(layer_id)]  # [E+1]
+        # [E+1] this layer's row of the table for the step's batch-size range (T rows: under CUDA
+        # graphs the captured batch size, padding rows included; predictor.py)
+        table = _need(predictor, config.policy).layer_schedule(layer_id, T)
         m = scheduled_budget(m, table, E)  # [] this layer's share of the schedule
 
     policy = config.policy

@@ -11,8 +11,9 @@ policy: predicted (base_*) or true (oracle_*, the same rule with true expert-out
          (the backfill that u would push out again). w~ = p_b W / sum_{routed} p (the weight a
          backfilled expert gets before renormalisation). S_0 = top-M(D); S_i = top-M(D_net(.; S_{i-1}))
          for a constant number of iterations (ties broken by D).
-  sched  the layer runs M_l = layer_budget[l, M] (a calibrated table with the same total over the
-         layers as L * M; calibration/layer_schedule.py); M >= E stays dense.
+  sched  the layer runs M_l = layer_budget[r, l, M] (a calibrated table with the same total over the
+         layers as L * M; calibration/layer_schedule.py) of the step's batch-size range r, picked on
+         the host from the step's row count (Predictor.layer_schedule); M >= E stays dense.
 
 Shape legend: T tokens, K slots, E experts. Fixed shapes, no host synchronisation (CUDA-graph safe).
 """

@@ -41,7 +41,7 @@ W_ATOL = {torch.float32: 1e-6, torch.bfloat16: 2.0 ** -8}  # fp32 rounding / one
 
 def compare_with_core(T, E, K, budget, *, policy="base", renorm="native", alpha=0.5, seed=0, norm=True,
                       id_dtype=torch.int64, w_dtype=torch.float32, backfill=True, one_expert=False,
-                      H=24, table=None):
+                      H=24, table=None, bounds=None):
     """base_select_experts == the core's select_experts on one random routing: ids exact, weights to
     float rounding, the same statistics, rows the selection left alone keep their weights bit-exactly.
     Returns (the kernel's Selection, (logits, ids, weights))."""
@@ -52,8 +52,11 @@ def compare_with_core(T, E, K, budget, *, policy="base", renorm="native", alpha=
     w = w.to(w_dtype)
     hidden = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
     pred = predictor(E, H, seed=seed)
-    if table is not None:  # [E+1] per-layer schedule of layer 0 (policy base_sched)
-        pred.layer_budget = torch.as_tensor(table, dtype=torch.float32)[None].to(DEVICE)
+    if table is not None:  # [E+1] per-layer schedule of layer 0 (policy base_sched), or [R, E+1]
+        table = torch.as_tensor(table, dtype=torch.float32)  # one per batch-size range (bounds [R-1])
+        pred.layer_budget = (table[None] if bounds is None else table[:, None]).to(DEVICE)
+        if bounds is not None:
+            pred.layer_budget_max_batch = torch.as_tensor(bounds, dtype=torch.float32)
     cfg = SelectionConfig(policy=policy, renorm=renorm, renorm_alpha=alpha, backfill=backfill)
     b = torch.as_tensor(budget).to(DEVICE)
     args = (logits, ids, w, hidden.to(DEVICE), b, 0, cfg, pred)

@@ -44,6 +44,21 @@ def test_base_sched_reads_the_layer_table(kernel, budgets, monkeypatch):
     assert int(got.stats.num_kept) == min(want_kept, int(got.stats.num_union))
 
 
+@pytest.mark.parametrize("kernel", ["fused", "two"])
+@pytest.mark.parametrize("T, r", [(3, 0), (4, 1), (6, 1), (7, 2), (12, 2)])
+def test_base_sched_gets_the_table_of_its_batch_size_range(kernel, T, r, monkeypatch):
+    # one table per batch-size range (rows 1-3, 4-6, 7+): the host hands the kernel the [E+1] row
+    # of the range of T rows, as the core picks it; at M = 2 the ranges run 2, 5 and 9 experts
+    monkeypatch.setenv("BASE_SELECT_KERNEL", kernel)
+    E = 16
+    tables = torch.arange(E + 1).repeat(3, 1)  # [R, E+1]
+    tables[:, 2] = torch.tensor([2, 5, 9])
+    got, (_, ids, _) = compare_with_core(T, E, 6, [2] * T, policy="base_sched", H=24, seed=T,
+                                         table=tables, bounds=[3, 6])
+    assert len(set(ids.flatten().tolist())) >= 9  # so the kept count tells the ranges apart
+    assert int(got.stats.num_kept) == [2, 5, 9][r]
+
+
 def test_tied_logits_and_scores_break_to_the_lower_id():
     # logits on a coarse grid (many exact ties, +0.0 and -0.0 among them) and identical predictor
     # rows for half the experts (tied batch scores): backfill and top-M both break ties by lower id

@@ -6,7 +6,7 @@ import pkgutil
 
 import pytest
 import torch
-from plugin_helpers import E, H, K, forward_batch, model_runner
+from plugin_helpers import NUM_LAYERS, E, H, K, forward_batch, make_predictor, model_runner
 
 from base_sglang.core import DEFAULT_POLICY, SelectionConfig, select_experts
 from base_sglang.plugin import TARGETS, hooks
@@ -222,3 +222,32 @@ def test_fused_moe_skips_dropped_slots_in_base_steps(base_state):
         assert sig.bind(*args, **kwargs).arguments["filter_expert"] is True
         fine = sig.bind(x, w1, w2, w, ids, filter_expert=True)
         assert hooks.before_fused_experts(*fine.args, **fine.kwargs) is None  # already True
+
+
+def test_base_sched_runs_the_table_of_the_graph_batch_size(base_state):
+    """base_sched with one table per batch-size range: the hook hands the selection every row of
+    the forward (under CUDA graphs the captured batch size, padding rows included), so the range
+    is picked by that row count, which is what the kernels see, not by the real requests."""
+    import dataclasses
+
+    pred = make_predictor()
+    table = torch.arange(E + 1, dtype=torch.float32).repeat(3, NUM_LAYERS, 1)  # [R, L, E+1]
+    table[:, 1, 1] = torch.tensor([1.0, 3.0, 5.0])  # layer 1 at M = 1: rows 1-2, 3-4, 5+
+    pred.layer_budget, pred.layer_budget_max_batch = table, torch.tensor([2.0, 4.0])
+    base_state.enable(pred, dataclasses.replace(base_state.config, policy="base_sched"), "cpu")
+    topk = _topk(layer_id=1)
+    for n, T, want, by_real_rows in [(2, 2, 1, 1), (2, 8, 5, 1), (3, 4, 3, 3), (6, 8, 5, 5),
+                                     (1, 3, 3, 1)]:
+        hidden, logits = _inputs(T, seed=10 * n + T)
+        dense = topk.forward_native(hidden, logits)
+        with base_state.decode_step([1] * n) as on:
+            assert on
+            out = topk(hidden, logits)
+        want_sel = _core(base_state, dense, hidden, logits, [1] * n, 1, policy="base_sched")
+        assert torch.equal(out.topk_ids, want_sel.ids)
+        torch.testing.assert_close(out.topk_weights, want_sel.weights, rtol=0, atol=0)
+        union = torch.unique(dense.topk_ids[:n]).numel()
+        kept = torch.unique(out.topk_ids[out.topk_ids >= 0]).numel()
+        assert kept == min(want, union), (n, T)
+        if by_real_rows != want:  # the case tells the two row counts apart
+            assert min(by_real_rows, union) != kept
