@@ -1,8 +1,10 @@
 """Markdown tables of BENCHMARKS.md's kernel section from a results folder.
 
-    python benchmarks/kernel_tables.py select|align DIR
+    python benchmarks/kernel_tables.py select|align|moe|dense DIR
 select: bench_base_select.py's base_select.json (selection latency per launch variant, share of the
-        dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed.
+        dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed;
+moe:    fused_moe.json as one grid per shape (T x budget: ours µs (x byte floor) / SGLang µs [read]);
+dense:  fused_moe.json's dense rows against SGLang (its align inside where it was timed).
 """
 
 from __future__ import annotations
@@ -45,18 +47,50 @@ def align_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def moe_tables(rows: list[dict]) -> str:
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        rs = [r for r in rows if r["shape"] == shape]
+        budgets = list(dict.fromkeys(str(r["M"]) for r in rs))
+        cols = [f"M={m}" if m != "dense" else "dense" for m in budgets]
+        out += [f"**{shape}**: ours µs (x byte floor) / SGLang µs (align outside) [experts read]", "",
+                "| T | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for T in dict.fromkeys(r["T"] for r in rs):
+            cell = {str(r["M"]): r for r in rs if r["T"] == T}
+            out.append(f"| {T} | " + " | ".join(
+                f"{c['ours_us']:.1f} ({c['ours_over_floor']:.2f}) / {c.get('sglang_us', float('nan')):.1f}"
+                f" [{c['experts_read']}]" if (c := cell.get(m)) else "" for m in budgets) + " |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def dense_table(rows: list[dict]) -> str:
+    out = ["| shape | T | experts read | ours µs | SGLang µs | SGLang's align | ours / SGLang |",
+           "|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        if r["M"] != "dense" or "sglang_us" not in r:
+            continue
+        with_align = "sglang_align_us" in r
+        sgl = r["sglang_align_us"] if with_align else r["sglang_us"]
+        out.append(f"| {r['shape']} | {r['T']} | {r['experts_read']} | {r['ours_us']:.1f} | "
+                   f"{sgl:.1f} | {'inside' if with_align else 'outside (CUDA JIT)'} | "
+                   f"{r['ours_us'] / sgl:.2f} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("select", "align"))
+    ap.add_argument("kind", choices=("select", "align", "moe", "dense"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json")
     args = ap.parse_args()
     kind = args.kind
-    path = os.path.join(args.folder, {"select": "base_select.json", "align": "fused_moe.json"}[kind])
+    path = os.path.join(args.folder, "base_select.json" if kind == "select" else "fused_moe.json")
     if not os.path.isfile(path):
         ap.error(f"folder: no {os.path.basename(path)} in {args.folder}")
     with open(path) as f:
         rows = json.load(f)["rows"]
-    print(select_table(rows) if kind == "select" else align_table(rows))
+    tables = {"select": select_table, "align": align_table, "moe": moe_tables, "dense": dense_table}
+    print(tables[kind](rows))
     return 0
 
 

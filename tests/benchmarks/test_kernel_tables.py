@@ -36,3 +36,25 @@ def test_select_table_follows_the_dispatch_rule(tmp_path):
 def test_missing_file_is_a_cli_error(tmp_path):
     out = _run("align", str(tmp_path))
     assert out.returncode == 2 and "folder: no fused_moe.json" in out.stderr
+
+
+def _moe_row(shape, T, M, ours, sgl, align=None):
+    r = dict(shape=shape, T=T, M=M, experts_read=8, floor_us=20.0, ours_us=ours,
+             ours_over_floor=ours / 20.0, sglang_us=sgl)
+    if align is not None:
+        r["sglang_align_us"] = align
+    return r
+
+
+def test_moe_and_dense_tables(tmp_path):
+    rows = [_moe_row("qwen3-30b-a3b", 1, 8, 25.0, 28.0, 30.0),
+            _moe_row("qwen3-30b-a3b", 1, "dense", 26.0, 28.5, 31.0),
+            _moe_row("qwen3-30b-a3b", 32, "dense", 150.0, 147.0)]
+    (tmp_path / "fused_moe.json").write_text(json.dumps({"rows": rows}))
+    out = _run("moe", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "| 1 | 25.0 (1.25) / 28.0 [8] | 26.0 (1.30) / 28.5 [8] |" in out.stdout
+    assert "| 32 |  | 150.0 (7.50) / 147.0 [8] |" in out.stdout  # no M=8 row at T=32
+    dense = _run("dense", str(tmp_path)).stdout.splitlines()
+    assert dense[2] == "| qwen3-30b-a3b | 1 | 8 | 26.0 | 31.0 | inside | 0.84 |"
+    assert dense[3] == "| qwen3-30b-a3b | 32 | 8 | 150.0 | 147.0 | outside (CUDA JIT) | 1.02 |"
