@@ -88,7 +88,10 @@ class ModelRunner:
         mask = self.kv.attention_mask(1, self.device)  # [B, S + 1]
         self.kv.snapshot()
         try:
-            with decode_step(budget, skip_selection=noop, max_error=max_error) as step:
+            top = max(s.budget for s in seqs)  # a tile hint for the CUDA expert kernel
+            bound = top if 0 < top < self.num_experts else None
+            with decode_step(budget, skip_selection=noop, max_error=max_error,
+                             max_experts=bound) as step:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=self.kv.cache, use_cache=True, logits_to_keep=1)
         except BaseException:

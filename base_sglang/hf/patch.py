@@ -48,6 +48,7 @@ class StepContext:
     budget: torch.Tensor  # [T] int per token row
     skip_selection: bool = False  # set by the caller (never inferred here: no host sync)
     max_error: torch.Tensor | None = None  # [T] float error bound per row, NaN = none (core.error_budget)
+    max_experts: int | None = None  # host bound on any row's budget below E (a tile hint), or None
     stats: dict[int, SelectionStats] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> executed ids [T, K]
     as_routed: set[int] = field(default_factory=set)  # layers whose routing was left unchanged
@@ -58,15 +59,18 @@ _current: StepContext | None = None
 
 @contextmanager
 def decode_step(budget: torch.Tensor, skip_selection: bool = False,
-                max_error: torch.Tensor | None = None):
+                max_error: torch.Tensor | None = None, max_experts: int | None = None):
     """Run the MoE blocks under the selection policy for one decode step (no nesting).
 
     max_error [T] (optional): per-row predicted-error bounds; such steps run the core's selection.
+    max_experts (optional): the largest row budget when the caller knows it on the host and it is
+    below E; the CUDA expert kernel then takes its tiles tuned for BASE-selected ids (fused_moe).
     """
     global _current
     if _current is not None:
         raise RuntimeError("decode_step contexts cannot be nested")
-    _current = StepContext(budget=budget, skip_selection=skip_selection, max_error=max_error)
+    _current = StepContext(budget=budget, skip_selection=skip_selection, max_error=max_error,
+                           max_experts=max_experts)
     try:
         yield _current
     finally:
@@ -177,7 +181,9 @@ def _run_experts_fused(experts: nn.Module, hidden: torch.Tensor, ids: torch.Tens
     """CUDA bf16/fp16: the expert-skipping Triton MoE (dropped experts' weights are never read)."""
     from ..kernels import fused_moe
 
-    return fused_moe(hidden, ids, weights, experts.gate_up_proj, experts.down_proj)
+    bound = _current.max_experts if _current is not None else None
+    return fused_moe(hidden, ids, weights, experts.gate_up_proj, experts.down_proj,
+                     max_experts=bound)
 
 
 def _kernels_usable(model: nn.Module) -> bool:
