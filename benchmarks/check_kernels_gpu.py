@@ -20,7 +20,8 @@
    with a dropped slot and an all-dropped token (output exactly 0); run-to-run bit-equal.
 9. Selection + fused_moe (T=1 pair-major, T=16 grouped) in one CUDA graph, replays with new budgets
    == eager; 40 launches on two concurrent streams == one eager.
-10. base_sched (per-layer table, non-monotone) in both selection kernels == the core, T 1/16/64.
+10. base_sched (per-layer tables of two batch-size ranges, non-monotone) in both selection kernels
+   == the core, T 1/16/64.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
@@ -417,8 +418,9 @@ def check_sched() -> None:
         E, K, H = s["E"], s["K"], s["H"]
         pred = make_predictor(E, H)
         g = torch.Generator().manual_seed(1)
-        table = torch.randint(0, E + 1, (1, E + 1), generator=g).float()  # non-monotone on purpose
-        pred.layer_budget = table.to(DEVICE)
+        # two batch-size ranges (rows 1-8, 9+), each a non-monotone table on purpose
+        table = torch.randint(0, E + 1, (2, 1, E + 1), generator=g).float()
+        pred.layer_budget, pred.layer_budget_max_batch = table.to(DEVICE), torch.tensor([8.0])
         for T in (1, 16, 64):
             r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
             hidden = torch.randn(T, H, device=DEVICE).bfloat16()

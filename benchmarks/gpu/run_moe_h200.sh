@@ -8,6 +8,8 @@
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
 #   extend (only when named): sweep EXTEND_T (default 4,128), merge it with EXTEND_BASE (earlier
 #      sweep files) into kernels/configs/NVIDIA_H200.json, bench those T with it -> OUT/
+#   profile (only when named): gpu/profile_moe.py, per-kernel GPU time of selection + fused_moe
+#      in a CUDA graph, and the time between kernels                      -> OUT/profile_moe.json
 #   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
 #      rows of kernels/configs), three shapes, T in 1..128, SGLang timed   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
@@ -67,7 +69,11 @@ for part in $PARTS; do
                 --sglang-root /tmp/sglang_whl --tokens "${EXTEND_T:-4,128}" \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-120 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full extend)" >&2; exit 2 ;;
+        profile) echo "=== per-kernel time of selection + fused_moe in a graph"
+            timeout -k 10 ${PROFILE_S:-150} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
+                > "$OUT/profile.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -60 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full extend profile)" >&2; exit 2 ;;
     esac
 done
 exit $status
