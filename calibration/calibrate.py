@@ -45,9 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sere-tokens", type=int, default=d["sere_tokens"])
     p.add_argument("--sere-metric", default=d["sere_metric"])
     p.add_argument("--max-stats-gib", type=float, default=d["max_stats_gib"])
-    p.add_argument("--bias-correction", default=d["bias_correction"],
-                   help="none (yhat = E[log norm]) or lognormal (+ each expert's residual variance: "
-                        "exp(2 yhat) estimates E[norm^2], what the removal cost needs)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=1,
@@ -71,8 +68,7 @@ def run(args) -> int:
         num_seqs=args.num_seqs, seq_len=args.seq_len, batch_size=args.batch_size, ridge=args.ridge,
         heldout_every=args.heldout_every, stat_batch=args.stat_batch,
         stat_budgets=tuple(args.stat_budgets), sere_tokens=args.sere_tokens,
-        sere_metric=args.sere_metric, max_stats_gib=args.max_stats_gib,
-        bias_correction=args.bias_correction)
+        sere_metric=args.sere_metric, max_stats_gib=args.max_stats_gib)
     t0 = time.time()
     docs = split_documents(read_documents(args.data), args.split, args.eval_percent)
     if not docs:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SERE_METRICS = ("frobenius", "cosine")
-BIAS_CORRECTIONS = ("none", "lognormal")
 
 
 @dataclass(frozen=True)
@@ -23,10 +22,6 @@ class CalibrationConfig:
     exfold_lambda     : ExFold's ridge term in coef = sum w<u,v> / (sum w|v|^2 + lambda).
     max_stats_gib     : cap on the fp64 sufficient statistics held at once; layers are split into
                         groups (one pass over the data per group) when the model needs more.
-    bias_correction   : "none": yhat predicts E[log ||E_u(z)||]; "lognormal": each expert's bias
-                        also gets its residual variance sigma_e^2, so exp(2 yhat) estimates
-                        E[||E_u(z)||^2] (= exp(2 mu + 2 sigma^2) for log-normal residuals), the
-                        quantity the removal cost needs; free at serving time (one bias per expert).
     """
 
     num_seqs: int = 400
@@ -40,7 +35,6 @@ class CalibrationConfig:
     sere_metric: str = "frobenius"
     exfold_lambda: float = 1e-3
     max_stats_gib: float = 4.0
-    bias_correction: str = "none"
 
     def __post_init__(self):
         for name in ("num_seqs", "seq_len", "batch_size", "stat_batch"):
@@ -56,9 +50,6 @@ class CalibrationConfig:
             raise ValueError(f"sere_tokens: must be >= 0, got {self.sere_tokens}")
         if self.sere_metric not in SERE_METRICS:
             raise ValueError(f"sere_metric: must be one of {SERE_METRICS}, got {self.sere_metric!r}")
-        if self.bias_correction not in BIAS_CORRECTIONS:
-            raise ValueError(f"bias_correction: must be one of {BIAS_CORRECTIONS}, "
-                             f"got {self.bias_correction!r}")
         if self.max_stats_gib <= 0:
             raise ValueError(f"max_stats_gib: must be > 0, got {self.max_stats_gib}")
         if any(m < 1 for m in self.stat_budgets):

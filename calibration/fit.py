@@ -28,13 +28,10 @@ class LayerFit:
     stats: dict[str, float]
 
 
-def fit_ridge(st: LayerStats, ridge: float, bias_correction: str = "none"
-              ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def fit_ridge(st: LayerStats, ridge: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Per-expert ridge of y = <a, z> + b: (A^T A + lam I_H (bias unpenalised)) theta = A^T y.
 
     lam_e = ridge * tr(Z_e^T Z_e) / H. Experts never routed get a = 0, b = the layer's mean target.
-    bias_correction "lognormal": b_e += sigma_e^2 = sse_e / n_e (the expert's training residual
-    variance), so that exp(2 yhat) estimates E[||E_u||^2] rather than exp(2 E[log ||E_u||]).
     Returns weight [E, H], bias [E] (fp32) and training-set fit numbers.
     """
     E, H = st.E, st.H
@@ -60,11 +57,6 @@ def fit_ridge(st: LayerStats, ridge: float, bias_correction: str = "none"
         "r2_train": float(1 - sse[seen].sum() / sst.clamp_min(1e-30)),
         "r2_within_train": float(1 - sse[seen].sum() / sst_within[seen].sum().clamp_min(1e-30)),
     }
-    if bias_correction == "lognormal":
-        sigma2 = torch.where(seen, sse.clamp_min(0) / st.n.clamp_min(1), torch.zeros_like(sse))  # [E]
-        theta[:, H] += sigma2
-        stats["sigma2_mean"] = float(sigma2[seen].mean()) if seen.any() else 0.0
-        stats["sigma2_max"] = float(sigma2[seen].max()) if seen.any() else 0.0
     return theta[:, :H].float(), theta[:, H].float(), stats
 
 
@@ -97,9 +89,8 @@ def sere_similarity(st: LayerStats, metric: str) -> torch.Tensor:
     return sim.float()
 
 
-def finish_layer(st: LayerStats, ridge: float, exfold_lambda: float, sere_metric: str,
-                 bias_correction: str = "none") -> LayerFit:
-    weight, bias, stats = fit_ridge(st, ridge, bias_correction)
+def finish_layer(st: LayerStats, ridge: float, exfold_lambda: float, sere_metric: str) -> LayerFit:
+    weight, bias, stats = fit_ridge(st, ridge)
     freq = (st.count / st.count.sum().clamp_min(1)).float()
     norm = (st.norm_sum / st.count.clamp_min(1)).float()
     coef, loss = exfold_stats(st, exfold_lambda)

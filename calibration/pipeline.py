@@ -70,8 +70,7 @@ def calibrate(model: nn.Module, doc_ids: list[list[int]], cfg: CalibrationConfig
             for b in tqdm(fit_batches, desc=f"collect {tag}", disable=not progress):
                 run_forward(model, b)
         for j in group:
-            fits[j] = finish_layer(accs.pop(j), cfg.ridge, cfg.exfold_lambda, cfg.sere_metric,
-                                   cfg.bias_correction)
+            fits[j] = finish_layer(accs.pop(j), cfg.ridge, cfg.exfold_lambda, cfg.sere_metric)
             fits[j] = _to_cpu(fits[j])
         held = {j: HeldoutStats(_to_dev(fits[j], dev), budgets) for j in group}
         with capture(blocks, group,
@@ -86,7 +85,6 @@ def calibrate(model: nn.Module, doc_ids: list[list[int]], cfg: CalibrationConfig
         "seq_len": cfg.seq_len, "fit_tokens": len(fit_w) * cfg.seq_len,
         "ridge": cfg.ridge, "ridge_rule": "lambda = ridge * tr(Z^T Z) / H per expert, bias unpenalised",
         "target": "log(||E_u(z)||_2 + 1e-6), unweighted routed expert output",
-        "bias_correction": cfg.bias_correction,
         "rows": "calibration tokens routed to the expert", "stat_batch": held_rows,
         "stat_budgets": list(budgets), "sere_metric": cfg.sere_metric, "sere_tokens": cfg.sere_tokens,
         "exfold_lambda": cfg.exfold_lambda, "layer_groups": len(groups),
