@@ -54,12 +54,8 @@ def make_experts(E: int, H: int, I: int, seed: int = 0, device: str = DEVICE):  
     return gate_up, down
 
 
-def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
-    """Median time of one fn() call in microseconds, replaying a CUDA graph of `inner` calls."""
-    if DEVICE == "cpu":  # dry run only: wall clock of one call
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+def capture_graph(fn, inner: int = 10) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `inner` fn() calls, warmed up and captured on a side stream, as SGLang does."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -68,11 +64,16 @@ def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):  # capture on the warm-up stream, as SGLang does
+    with torch.cuda.graph(g, stream=s):
         for _ in range(inner):
             fn()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def replay_time_us(g: torch.cuda.CUDAGraph, inner: int, reps: int = 15) -> float:
+    """Median over `reps` replays of g's time per captured call, in microseconds (CUDA events)."""
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,8 +82,19 @@ def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / inner)
-    del g
     return statistics.median(times)
+
+
+def graph_time_us(fn, inner: int = 10, reps: int = 15) -> float:
+    """Median time of one fn() call in microseconds, replaying a CUDA graph of `inner` calls."""
+    if DEVICE == "cpu":  # dry run only: wall clock of one call
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    g = capture_graph(fn, inner)
+    us = replay_time_us(g, inner, reps)
+    del g
+    return us
 
 
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:

@@ -22,7 +22,14 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_fused_moe import COPIES  # noqa: E402
-from kernel_common import SHAPES, make_experts, make_routing, provenance  # noqa: E402
+from kernel_common import (  # noqa: E402
+    SHAPES,
+    capture_graph,
+    make_experts,
+    make_routing,
+    provenance,
+    replay_time_us,
+)
 
 from base_sglang.core import SelectionConfig  # noqa: E402
 from base_sglang.kernels import base_select_experts, fused_moe  # noqa: E402
@@ -51,26 +58,14 @@ def run_case(shape: str, T: int, M: str) -> dict:
                                   norm_topk_prob=s["norm_topk_prob"])
         return fused_moe(hidden, sel.ids, sel.weights, gu, dn, max_experts=max_experts)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            layer(i)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=side):
-        for i in range(LAYERS):
-            layer(i)
-    g.replay()
-    torch.cuda.synchronize()
-    walls = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        walls.append(a.elapsed_time(b) * 1e3 / LAYERS)
+    state = [0]
+
+    def next_layer():
+        state[0] += 1
+        return layer(state[0])
+
+    g = capture_graph(next_layer, LAYERS)
+    wall = replay_time_us(g, LAYERS, reps=20)
     reps = 10
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -85,7 +80,6 @@ def run_case(shape: str, T: int, M: str) -> dict:
                           us_per_layer=round(sum(ts) / (reps * LAYERS), 2))
                for name, ts in per.items()}
     busy = sum(k["us_per_layer"] for k in kernels.values())
-    wall = statistics.median(walls)
     return dict(shape=shape, T=T, M=M, wall_us_per_layer=round(wall, 2),
                 kernel_us_per_layer=round(busy, 2), between_us_per_layer=round(wall - busy, 2),
                 kernels=kernels)
