@@ -16,6 +16,8 @@ Triton is imported on first use of a name, so `import base_sglang.kernels` works
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 _WHERE = {
     "base_score": "base_score",
@@ -34,9 +36,24 @@ __all__ = list(_WHERE)
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # NOTE: import every module first, then bind the names: importing a submodule binds the
-    # package attribute of the same name to the module, which must not shadow the function.
     modules = {mod: importlib.import_module(f".{mod}", __name__) for mod in set(_WHERE.values())}
     for fn, mod in _WHERE.items():
         globals()[fn] = getattr(modules[mod], fn)
     return globals()[name]
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule sets the package attribute of its name to the module (after the
+    submodule ran, so nothing inside it can prevent that): base_score, base_select, moe_align,
+    moe_combine, moe_gemm and fused_moe would then shadow the functions of the same name, and
+    `from base_sglang.kernels import fused_moe` would depend on import order. Reading such an
+    attribute returns the function; the modules stay importable by their dotted names."""
+
+    def __getattribute__(self, name: str):
+        value = super().__getattribute__(name)
+        if isinstance(value, types.ModuleType) and _WHERE.get(name) == name:
+            return getattr(value, name)
+        return value
+
+
+sys.modules[__name__].__class__ = _Package

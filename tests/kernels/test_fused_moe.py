@@ -104,3 +104,18 @@ def test_package_import_does_not_need_triton():
     code = "import sys, base_sglang.kernels\nprint('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_submodule_import_does_not_shadow_its_function():
+    """`import base_sglang.kernels.fused_moe` first (the import system then sets the package
+    attribute to the module): the package names are still the functions."""
+    code = ("import types\n"
+            "import base_sglang.kernels.fused_moe, base_sglang.kernels.moe_gemm\n"
+            "import base_sglang.kernels.base_score\n"
+            "from base_sglang.kernels import base_score, fused_moe, moe_gemm\n"
+            "from base_sglang.kernels.fused_moe import MoeConfig\n"
+            "fns = (fused_moe, moe_gemm, base_score)\n"
+            "print(all(callable(f) and not isinstance(f, types.ModuleType) for f in fns),\n"
+            "      fused_moe.__module__, MoeConfig.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "base_sglang.kernels.fused_moe", "MoeConfig"]

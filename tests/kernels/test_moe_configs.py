@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-from base_sglang.kernels import fused_moe  # noqa: F401  (the function first: see kernels/__init__)
 from base_sglang.kernels.fused_moe import MoeConfig, default_config, pair_major_wins
 from base_sglang.kernels.moe_configs import CONFIG_DIR, gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig
