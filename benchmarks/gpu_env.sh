@@ -3,6 +3,9 @@
 #                         a package of symlinks (kernels/, server/, calibration/ mapped into it) on
 #                         PYTHONPATH; exports PKG (its folder, empty when already installed)
 #   unpack_sglang_wheel   SGLang 0.5.23's Triton MoE files from .whl/ to /tmp/sglang_whl
+#   kernel_run_env DIR    the kernel scripts' setup: OUT (default DIR) created, PYTHONUNBUFFERED and
+#                         BASE_COMMIT exported (pass BASE_COMMIT: the device's git is stale),
+#                         ROOT = the repository root, then map_package
 
 map_package() {
     PKG=""
@@ -26,4 +29,13 @@ names = [n for n in z.namelist() if n.startswith(("sglang/kernels/ops/moe/",
 z.extractall("/tmp/sglang_whl", names)
 print(len(names), "files unpacked from the sglang wheel")
 PY
+}
+
+kernel_run_env() {
+    OUT=${OUT:-$1}
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1
+    export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+    ROOT=$PWD
+    map_package  # not installed: a package of links
 }

@@ -5,20 +5,11 @@
 #   bash benchmarks/run_sched_bounds_cpu.sh [PROXY2_DIR]      (PROXY2_DIR default .proxy2/proxy2-moe)
 # Tables are rebuilt from the committed curves (seconds) into benchmarks/results/q4/ (the q3 records
 # stay as they are). Writes benchmarks/results/q4/bounds_*.
-set -euo pipefail
-export PYTHONUNBUFFERED=1
-P2DIR=${1:-.proxy2/proxy2-moe}
-R=benchmarks/results
-P1=base_sglang/models/proxy-moe
-C="--data base_sglang/data/heldout.txt --split report --prefix 64 --steps 64 --no-energy --quiet"
-table() {  # out_stem model predictor up_to curves_json
-  [ -f "$1.safetensors" ] || python -m base_sglang.calibration.layer_schedule --model "$2" \
-    --predictor "$3" --data base_sglang/data/heldout.txt --out "$1" --up-to "$4" --curves "$5"
-}
-table $R/q4/schedule_proxy_b16 $P1 $P1/predictor.safetensors 12 $R/q3/schedule_proxy.json
-table $R/q4/schedule_proxy_calib_b64 $P1 $P1/predictor.safetensors 12 $R/q4/schedule_proxy_calib_b64.json
-table $R/q4/schedule_proxy2_b16 "$P2DIR" $R/proxy2/predictor.safetensors 6 $R/q3/schedule_proxy2.json
-table $R/q4/schedule_proxy2_calib_b64 "$P2DIR" $R/proxy2/predictor.safetensors 6 \
+source benchmarks/sched_env.sh "$@"
+schedule_table $R/q4/schedule_proxy_b16 $P1 $P1/predictor.safetensors 12 $R/q3/schedule_proxy.json
+schedule_table $R/q4/schedule_proxy_calib_b64 $P1 $P1/predictor.safetensors 12 $R/q4/schedule_proxy_calib_b64.json
+schedule_table $R/q4/schedule_proxy2_b16 "$P2DIR" $R/proxy2/predictor.safetensors 6 $R/q3/schedule_proxy2.json
+schedule_table $R/q4/schedule_proxy2_calib_b64 "$P2DIR" $R/proxy2/predictor.safetensors 6 \
   $R/q4/schedule_proxy2_calib_b64.json
 pairs=()
 run() {  # name model b16_table b64_table batch num_batches "budgets"

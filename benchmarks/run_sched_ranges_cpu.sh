@@ -10,19 +10,10 @@
 # table on the same windows (benchmarks/sched_ranges_table.py). Writes benchmarks/results/q4/.
 # The committed q3 runs used transformers 5.17.0: use the same version (the table refuses files
 # whose dense NLL differs).
-set -euo pipefail
-export PYTHONUNBUFFERED=1
-P2DIR=${1:-.proxy2/proxy2-moe}
-R=benchmarks/results
-P1=base_sglang/models/proxy-moe
-C="--data base_sglang/data/heldout.txt --split report --prefix 64 --steps 64 --no-energy --quiet"
-ranges() {  # out_stem model predictor up_to curves_csv
-  [ -f "$1.safetensors" ] || python -m base_sglang.calibration.layer_schedule --model "$2" \
-    --predictor "$3" --data base_sglang/data/heldout.txt --out "$1" --up-to "$4" --curves "$5"
-}
-ranges $R/q4/schedule_proxy_ranges $P1 $P1/predictor.safetensors 12 \
+source benchmarks/sched_env.sh "$@"
+schedule_table $R/q4/schedule_proxy_ranges $P1 $P1/predictor.safetensors 12 \
   "$R/q3/schedule_proxy_calib_b8.json,$R/q3/schedule_proxy.json,$R/q4/schedule_proxy_calib_b64.json"
-ranges $R/q4/schedule_proxy2_ranges "$P2DIR" $R/proxy2/predictor.safetensors 6 \
+schedule_table $R/q4/schedule_proxy2_ranges "$P2DIR" $R/proxy2/predictor.safetensors 6 \
   "$R/q3/schedule_proxy2_calib_b8.json,$R/q3/schedule_proxy2.json,$R/q4/schedule_proxy2_calib_b64.json"
 pairs=()
 run() {  # name model batch num_batches "budgets"

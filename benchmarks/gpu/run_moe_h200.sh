@@ -16,13 +16,8 @@
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest sweep bench"] bash benchmarks/gpu/run_moe_h200.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-benchmarks/results/kernels_h200_moe}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ROOT=$PWD
 source benchmarks/gpu_env.sh
-map_package  # not installed: a package of links
+kernel_run_env benchmarks/results/kernels_h200_moe
 PARTS=${PARTS:-check pytest sweep bench}
 status=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

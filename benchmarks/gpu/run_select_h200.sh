@@ -16,13 +16,8 @@
 # part 3 for Qwen3 and OLMoE at T <= 64.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-benchmarks/results/kernels_h200_fused}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ROOT=$PWD
 source benchmarks/gpu_env.sh
-map_package  # not installed: a package of links
+kernel_run_env benchmarks/results/kernels_h200_fused
 if [ -n "${PARTS:-}" ]; then
     for part in $PARTS; do
         case "$part" in
