@@ -411,8 +411,6 @@ def check_moe_graph() -> None:
 
 def check_sched() -> None:
     """base_sched's in-kernel table lookup (both selection kernels) == the core on the GPU."""
-    from base_sglang.kernels.select_experts import selection_kernel  # noqa: F401
-
     for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
         s = SHAPES[shape]
         E, K, H = s["E"], s["K"], s["H"]

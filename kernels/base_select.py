@@ -230,6 +230,7 @@ def base_select(
         T, logits.stride(0), float(alpha), E=E, K=K, BLOCK_E=block_e,
         BLOCK_K=triton.next_power_of_2(K), BLOCK_P=max(16, min(128, 16384 // block_e)),
         BLOCK_T=min(triton.next_power_of_2(T), 256), BACKFILL=backfill,
-        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, USE_PDL=pdl, num_warps=8 if block_e >= 128 else 4,
+        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, USE_PDL=pdl,
+        num_warps=8 if block_e >= 128 else 4,
         **launch_kwargs(pdl))
     return new_ids, new_w, d, in_s, counts, removed

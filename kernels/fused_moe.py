@@ -51,6 +51,7 @@ def pair_major_wins(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return num_tokens == 1 or (num_tokens == 2 and num_experts >= 8 * top_k)
 
 
+@functools.lru_cache(maxsize=4096)  # called per layer per step: the lookup runs once per shape
 def default_config(num_tokens: int, num_experts: int, top_k: int, max_experts: int | None = None,
                    *, hidden: int | None = None, inter: int | None = None,
                    gpu: str | None = None) -> MoeConfig:

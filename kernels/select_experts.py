@@ -3,7 +3,8 @@
 Same signature and semantics as the core for policies "base", "base_plus" and "base_sched" (ids
 exact, weights to float rounding; base_sched is base_plus with the layer's scheduled budget, read
 in-kernel from the [E+1] row of the predictor's layer_budget table that the host picks, as the core
-does, by the batch-size range of the T rows of the call: under CUDA graphs the captured batch size). Two kernels do it, chosen by shape (graph-safe):
+does, by the batch-size range of the T rows of the call: under CUDA graphs the captured batch
+size). Two kernels do it, chosen by shape (graph-safe):
   E >= FUSED_MIN_E and T <= FUSED_MAX_T  `base_fused_select`: scoring, grid barrier, batch score,
                     top-M, backfill and weights in one cooperative launch;
   otherwise         base_score then base_select (two launches, pair-parallel scoring), which
