@@ -22,10 +22,15 @@
    == eager; 40 launches on two concurrent streams == one eager.
 10. base_sched (per-layer tables of two batch-size ranges, non-monotone) in both selection kernels
    == the core, T 1/16/64.
+11. The folded router (base_route_select: softmax top-k + BASE in one launch from one GEMM's
+   [T, 2E] output) == core.routing.route_select at the three shapes, T in {1, 16, 64, 128}, every
+   budget kind above, base and base_plus, backfill on/off, int32 ids; 50 repeated calls bitwise
+   equal; a CUDA graph of GEMM + route-select replayed with changed budgets == eager.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
     --only moe         sections 8, 9 and 10
+    --only route       sections 11 and 10
 """
 
 from __future__ import annotations
@@ -438,11 +443,82 @@ def check_sched() -> None:
             record(f"sched/{shape}/T={T}", not bad, failures=bad[:6])
 
 
+def route_case(shape: str, T: int, seed: int = 0):
+    """(folded GEMM weight [2E, H], z [T, H], predictor) for one shape: a random bf16 router."""
+    from base_sglang.core.routing import fold_router
+
+    s = SHAPES[shape]
+    E, H = s["E"], s["H"]
+    pred = make_predictor(E, H, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    router = (torch.randn(E, H, generator=g) * H ** -0.5).to(DEVICE, torch.bfloat16)
+    z = torch.randn(T, H, generator=g).to(DEVICE, torch.bfloat16)
+    return fold_router(router, pred, 0), z, pred
+
+
+def check_route() -> None:
+    from base_sglang.core.routing import route_select
+    from base_sglang.kernels import route_select_experts
+
+    for shape, s in SHAPES.items():
+        E, K = s["E"], s["K"]
+        for T in ((1, 16, 64, 128) if DEVICE == "cuda" else (1, 5)):
+            w2, z, pred = route_case(shape, T, seed=T)
+            scores = z @ w2.T  # [T, 2E] bf16, one GEMM
+            logits, yhat = scores[:, :E], scores[:, E:]
+            bad, worst = [], 0.0
+            for bname, bud in budgets(T, E, K).items():
+                for policy in ("base", "base_plus"):
+                    for backfill in (True, False):
+                        cfg = SelectionConfig(policy=policy, backfill=backfill)
+                        kw = dict(top_k=K, norm_topk_prob=s["norm_topk_prob"])
+                        ref, _, _ = route_select(logits, yhat, bud, 0, cfg, pred, **kw)
+                        got = route_select_experts(logits, yhat, bud, 0, cfg, pred, **kw)
+                        diff = (ref.weights.float() - got.weights).abs().max().item()
+                        worst = max(worst, diff)
+                        if not (torch.equal(ref.ids, got.ids.long()) and diff <= 1e-5
+                                and int(ref.stats.num_union) == int(got.stats.num_union)
+                                and int(ref.stats.num_kept) == int(got.stats.num_kept)):
+                            bad.append((bname, policy, backfill,
+                                        int((ref.ids != got.ids.long()).any(1).sum())))
+            record(f"route/{shape}/T={T}", not bad, cases=5 * 4, max_w_diff=worst, failures=bad[:4])
+            cfg = SelectionConfig(policy="base_plus")
+            bud = budgets(T, E, K)["mixed"]
+            first = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
+                                         norm_topk_prob=s["norm_topk_prob"])
+            same = all(torch.equal(first.ids, o.ids) and torch.equal(first.weights, o.weights)
+                       for o in (route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
+                                                      norm_topk_prob=s["norm_topk_prob"])
+                                 for _ in range(50)))
+            record(f"route_repeat/{shape}/T={T}", same, calls=50)
+
+
+def check_route_graph() -> None:
+    from base_sglang.kernels import route_select_experts
+
+    shape = "qwen3-30b-a3b"
+    s = SHAPES[shape]
+    E, K, T = s["E"], s["K"], 16
+    w2, z, pred = route_case(shape, T, seed=3)
+    cfg = SelectionConfig(policy="base_plus")
+    budget = torch.full((T,), 10, device=DEVICE)
+
+    def step():
+        scores = z @ w2.T
+        sel = route_select_experts(scores[:, :E], scores[:, E:], budget, 0, cfg, pred, top_k=K,
+                                   norm_topk_prob=True)
+        return sel.ids, sel.weights, sel.stats.num_kept
+
+    trials = budgets(T, E, K)
+    bad = [name for name, ok, _ in graph_replays(step, budget, trials) if not ok]
+    record("route_graph_replay", not bad, trials=len(trials), failures=bad)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe"],
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -455,7 +531,7 @@ def main() -> int:
 
     base_plus = [check_base_plus, check_graph_base_plus, latency_base_plus]
     checks = [check_selection, check_graph, check_nan_dropped, check_fused_moe, *base_plus,
-              check_fused_barrier]
+              check_fused_barrier, check_route, check_route_graph]
     if args.only == "base_plus":
         checks = base_plus
     elif args.only == "barrier":
@@ -465,11 +541,14 @@ def main() -> int:
                   check_fused_barrier]
     elif args.only == "moe":
         checks = [check_moe_paths, check_moe_graph, check_sched]
+    elif args.only == "route":
+        checks = [check_route, check_route_graph, check_sched]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs
         checks = [c for c in checks if c not in (check_graph, check_graph_base_plus,
-                                                  check_fused_barrier, check_moe_graph)]
+                                                  check_fused_barrier, check_moe_graph,
+                                                  check_route_graph)]
     for fn in checks:
         try:
             fn()

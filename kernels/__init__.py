@@ -5,6 +5,8 @@
     base_fused_select    base_score + base_select in one cooperative launch (a grid barrier)
     base_select_experts  base_sglang.core.select_experts' signature: base_fused_select or the two
                          launches, by shape (selection_kernel)
+    base_route_select    the router's softmax top-k + BASE in one launch, from a folded router GEMM
+    route_select_experts its Selection-returning front (core.routing on the CPU)
     moe_align            (token, expert) pairs grouped by expert into GEMM blocks, kept experts only
     moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
     moe_combine          weighted sum of each token's pair outputs (deterministic)
@@ -24,6 +26,8 @@ _WHERE = {
     "base_select": "base_select",
     "base_fused_select": "base_fused",
     "base_select_experts": "select_experts",
+    "base_route_select": "base_route",
+    "route_select_experts": "select_experts",
     "selection_kernel": "select_experts",
     "moe_align": "moe_align",
     "moe_gemm": "moe_gemm",

@@ -26,8 +26,10 @@ import torch
 
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
 from base_sglang.kernels.base_fused import base_fused_select
+from base_sglang.kernels.base_route import base_route_select
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
+from base_sglang.kernels.utils import is_interpreter
 
 FUSED_MAX_T = 32  # measured on the H200 (BENCHMARKS.md, "Scoring + selection per MoE layer")
 FUSED_MIN_E = 96
@@ -91,3 +93,48 @@ def base_select_experts(
         new_ids, new_w, _d, _in_s, counts, removed = base_fused_select(
             hidden_states, ids, w, router_logits, budget.contiguous(), a, b, **kw)
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))
+
+
+def route_foldable(config: SelectionConfig, layer_id: int, predictor: Predictor | None) -> bool:
+    """Whether this layer's routing + selection can run from a folded router GEMM (core.routing):
+    a kernel policy on a layer the predictor covers (base_sched: with its table)."""
+    return (config.policy in KERNEL_POLICIES and layer_id not in config.skip_layers
+            and predictor is not None and layer_id in predictor._slot
+            and not (config.policy == "base_sched" and predictor.layer_budget is None))
+
+
+def route_select_experts(
+    logits: torch.Tensor,  # [T, E] router logits (the folded GEMM's first E columns)
+    yhat: torch.Tensor,  # [T, E] z . a_e (its next E columns, no bias)
+    budget: torch.Tensor,  # [T] int on the device (select_experts' semantics)
+    layer_id: int,
+    config: SelectionConfig,
+    predictor: Predictor,
+    *,
+    top_k: int,
+    norm_topk_prob: bool,
+    ids_dtype: torch.dtype = torch.int32,
+) -> Selection:
+    """The router's softmax top-k + BASE in one launch (kernels.base_route); CPU: core.routing."""
+    from base_sglang.core.routing import route_select
+
+    if not route_foldable(config, layer_id, predictor):
+        raise ValueError(f"route_select_experts: policy {config.policy!r} at layer {layer_id} does "
+                         f"not run from a folded router (route_foldable)")
+    dev = logits.device
+    if dev.type != "cuda" and not is_interpreter():
+        sel, _, _ = route_select(logits, yhat, budget, layer_id, config, predictor, top_k=top_k,
+                                 norm_topk_prob=norm_topk_prob)
+        return Selection(sel.ids.to(ids_dtype), sel.weights, sel.stats)
+    j = predictor.slot(layer_id)
+    b = predictor.bias[j].to(dev)  # [E]
+    if budget.device != dev or budget.dtype not in (torch.int32, torch.int64):
+        budget = budget.to(dev, torch.int64)
+    table = None
+    if config.policy == "base_sched":
+        table = predictor.layer_schedule(layer_id, logits.shape[0]).to(dev, torch.float32).contiguous()
+    ids, w, counts, removed = base_route_select(
+        logits, yhat, b, budget.contiguous(), top_k=top_k, renormalize=norm_topk_prob,
+        backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
+        alpha=config.renorm_alpha, table=table, ids_dtype=ids_dtype)
+    return Selection(ids, w, SelectionStats(counts[0], counts[1], removed[0]))

@@ -71,12 +71,14 @@ def select_experts(
     routed_norms: torch.Tensor | None = None,  # [T, K] true ||E_u(z_t)|| (oracle policies only)
     max_error: torch.Tensor | None = None,  # [T] float error bound per row, NaN = none (error_budget.py)
     expert_norms: torch.Tensor | None = None,  # [T, E] true ||E_e(z_t)|| of every expert (oracle_net)
+    log_norms: torch.Tensor | None = None,  # [T, K] predicted log-norms computed elsewhere (core.routing)
 ) -> Selection:
     """Turn the router's top-k into what one MoE layer executes in one decode step.
 
     With max_error, a row with a (non-NaN) bound asks for the smallest budget whose predicted relative
     error stays within it, capped by its integer budget (base_plus, base and oracle only).
     The oracle_* variants take routed_norms, or expert_norms (from which routed_norms is gathered).
+    log_norms replaces the predictor's own dot products (a folded router GEMM computed them).
     """
     T, E = router_logits.shape
     K = topk_ids.shape[1]
@@ -101,8 +103,10 @@ def select_experts(
     pred_policy = config.policy in ("base", "base_plus") or (variant is not None and variant[0] == "pred")
     if pred_policy and predictor is not None and layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
-    if predictor is not None and hidden_states is not None and layer_id in predictor._slot:
-        yhat = predictor.predict_log_norm(layer_id, hidden_states, ids)  # [T, K]
+    if log_norms is not None or (predictor is not None and hidden_states is not None
+                                 and layer_id in predictor._slot):
+        yhat = (log_norms.float() if log_norms is not None
+                else predictor.predict_log_norm(layer_id, hidden_states, ids))  # [T, K]
         pred_c = w.square() * torch.exp(2.0 * yhat)  # [T, K]
         pred_d = _batch_score(ids, pred_c, valid, E)  # [E]
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 12 on one H200, one device call (< 9 min): the folded router (kernels/base_route.py).
+#   check    check_kernels_gpu.py --only route: route-select == core.routing at three shapes, T up to
+#            128, every budget kind, base / base_plus, backfill on/off, repeat calls bitwise equal, a
+#            CUDA graph of GEMM + route-select with changed budgets == eager; base_sched with two
+#            batch-size ranges in both unfolded selection kernels     -> OUT/checks.json, check.log
+#   pytest   tests/kernels on CUDA                                     -> OUT/pytest.log
+#   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
+#            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
+#            dense layers of benchmarks/results/kernels_h200_moe/final  -> OUT/base_select.{csv,json}
+#   profile  gpu/profile_moe.py: per-kernel time of selection + fused_moe -> OUT/profile_moe.json
+# Usage (repository root, proxy weights home, nothing to carry):
+#   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest select profile"] bash benchmarks/gpu/run_route_h200.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source benchmarks/gpu_env.sh
+kernel_run_env benchmarks/results/kernels_h200_route
+PARTS=${PARTS:-check pytest select profile}
+status=0
+for part in $PARTS; do
+    case "$part" in
+        check) echo "=== checks (route, sched)"
+            timeout -k 10 ${CHECK_S:-130} python3 benchmarks/check_kernels_gpu.py --only route --out "$OUT" \
+                > "$OUT/check.log" 2>&1 || status=1
+            grep -E "FAIL|checks passed" "$OUT/check.log" | cut -c1-200 | tail -12 ;;
+        pytest) echo "=== tests/kernels on CUDA"
+            (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-90} python3 -m pytest -q -rfE -p no:cacheprovider \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/kernels" \
+                > "$OUT/pytest.log" 2>&1) || status=1
+            grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
+        select) echo "=== selection and folded routing latency"
+            nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+            timeout -k 10 ${SELECT_S:-180} python3 benchmarks/bench_base_select.py --out "$OUT" \
+                --tokens ${TOKENS:-1,8,16,32,64} --dense-from benchmarks/results/kernels_h200_moe/final \
+                > "$OUT/bench.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/bench.log" | cut -c1-200 | tail -20 ;;
+        profile) echo "=== per-kernel time of selection + fused_moe in a graph"
+            timeout -k 10 ${PROFILE_S:-120} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
+                > "$OUT/profile.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -40 ;;
+        *) echo "unknown part '$part' (check pytest select profile)" >&2; exit 2 ;;
+    esac
+done
+exit $status

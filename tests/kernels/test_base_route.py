@@ -1,0 +1,126 @@
+"""base_route_select (softmax top-k + BASE in one launch, from a folded router GEMM) == the core.
+
+The oracle is core.routing.route_select: the same top-k in torch, then select_experts with the
+folded GEMM's log-norms. Runs under the CPU interpreter without a GPU.
+"""
+
+import pytest
+import torch
+from kernel_helpers import DEVICE, W_ATOL, predictor
+
+from base_sglang.core import SelectionConfig
+from base_sglang.core.routing import fold_router, route_select, softmax_topk
+from base_sglang.kernels import base_route_select, route_select_experts
+
+
+def folded_scores(T, E, H, *, seed=0, dtype=torch.bfloat16, ties=False):
+    """(scores [T, 2E] in dtype from one GEMM, predictor) for a random router and predictor."""
+    g = torch.Generator().manual_seed(seed)
+    pred = predictor(E, H, seed=seed)
+    router = torch.randn(E, H, generator=g) * 0.5
+    z = torch.randn(T, H, generator=g)
+    w2 = fold_router(router.to(DEVICE, dtype), pred, 0)  # [2E, H]
+    scores = z.to(DEVICE, dtype) @ w2.T  # [T, 2E]
+    if ties:  # logits on a coarse grid: many exact ties, +0.0 and -0.0 among them
+        coarse = (torch.randint(-3, 4, (T, E), generator=g) * 0.5).to(DEVICE, dtype)
+        coarse[0, :8] = torch.tensor([0.0, -0.0] * 4)
+        scores[:, :E] = coarse
+    return scores, pred
+
+
+def check_route(T, E, K, budget, *, policy="base_plus", norm=True, renorm="native", backfill=True,
+                H=32, seed=0, dtype=torch.bfloat16, ties=False, table=None):
+    scores, pred = folded_scores(T, E, H, seed=seed, dtype=dtype, ties=ties)
+    logits, yhat = scores[:, :E], scores[:, E:]  # strided views of one GEMM output
+    if table is not None:
+        pred.layer_budget = torch.as_tensor(table, dtype=torch.float32)[None].to(DEVICE)
+    cfg = SelectionConfig(policy=policy, renorm=renorm, backfill=backfill)
+    b = torch.as_tensor(budget).to(DEVICE)
+    want, ids, w = route_select(logits, yhat, b, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+    got = route_select_experts(logits, yhat, b, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+    assert got.ids.dtype == torch.int32 and got.weights.dtype == torch.float32
+    assert torch.equal(got.ids.long(), want.ids), (got.ids, want.ids)
+    torch.testing.assert_close(got.weights, want.weights.float(), rtol=0, atol=W_ATOL[torch.float32])
+    assert int(got.stats.num_union) == int(want.stats.num_union)
+    assert int(got.stats.num_kept) == int(want.stats.num_kept)
+    torch.testing.assert_close(got.stats.removed_cost, want.stats.removed_cost, rtol=1e-5, atol=1e-6)
+    return got, want, ids, w
+
+
+@pytest.mark.parametrize("T,E,K,M", [
+    (16, 128, 8, 16),  # Qwen3-30B-A3B's router at a decode batch of 16
+    (40, 64, 8, 24),  # several row programs, each recomputing D over every chunk
+    (9, 60, 6, 10),  # E and K not powers of two
+    (7, 32, 4, 0),  # M = 0: every routed expert dropped
+    (5, 16, 16, 9),  # K == E
+    (3, 8, 2, 3),  # Mixtral's router
+])
+def test_shapes(T, E, K, M):
+    got, _, ids, _ = check_route(T, E, K, [M] * T, seed=T + E)
+    if M == 0:
+        assert (got.ids == -1).all() and (got.weights == 0).all()
+    kept = got.ids[got.ids >= 0].unique()
+    assert len(kept) == int(got.stats.num_kept) <= max(M, 0)
+
+
+@pytest.mark.parametrize("policy,renorm,norm", [
+    ("base_plus", "native", True), ("base_plus", "native", False),  # partial combine
+    ("base", "native", True), ("base", "native", False),  # always / never
+    ("base", "never", True), ("base_plus", "always", False),
+])
+def test_combine_rules_and_routers(policy, renorm, norm):
+    check_route(12, 32, 4, [5, 9, -1, 6, 6, 2, 8, 5, 3, 7, 5, 4], policy=policy, renorm=renorm,
+                norm=norm, seed=3)
+
+
+@pytest.mark.parametrize("budget", [[64] * 6, [3, 64, 2, 1, 4, 2], [-1, 5, 5, -1, 5, 5]])
+def test_dense_rows_and_padding(budget):
+    got, want, ids, w = check_route(6, 64, 6, budget, seed=5)
+    real = torch.as_tensor(budget).to(DEVICE) >= 0
+    assert (got.ids[~real] == -1).all() and (got.weights[~real] == 0).all()
+    if max(budget) >= 64:  # a dense row: nothing dropped, the router's routing as it is
+        assert torch.equal(got.ids[real].long(), ids[real])
+        torch.testing.assert_close(got.weights[real], w[real], rtol=0, atol=1e-6)
+
+
+def test_drop_only():
+    check_route(10, 32, 4, [6] * 10, backfill=False, seed=2)
+
+
+def test_ties_break_to_the_lower_id():
+    check_route(12, 32, 4, [6] * 12, ties=True, seed=0)
+    check_route(12, 32, 4, [6] * 12, ties=True, seed=0, dtype=torch.float32)
+
+
+def test_base_sched_reads_the_layer_table():
+    E = 16
+    table = [0, 1, 3, 2, 6, 9, 5, 7, 8, 12, 10, 11, 12, 13, 14, 15, 16]
+    got, *_ = check_route(6, E, 4, [2, 5, -1, 4, 4, 1], policy="base_sched", seed=11, table=table)
+    assert int(got.stats.num_kept) == min(table[5], int(got.stats.num_union))
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_topk_alone_is_the_routers_topk(norm):
+    T, E, K = 11, 64, 8
+    scores, _ = folded_scores(T, E, 16, seed=9)
+    budget = torch.tensor([4] * 10 + [-1]).to(DEVICE)
+    ids, w, _, _ = base_route_select(scores[:, :E], None, None, budget, top_k=K, renormalize=norm)
+    want_w, want_ids = softmax_topk(scores[:, :E], K, norm)
+    assert torch.equal(ids[:10].long(), want_ids[:10])
+    torch.testing.assert_close(w[:10], want_w[:10], rtol=0, atol=1e-6)
+    assert (ids[10] == -1).all() and (w[10] == 0).all()
+
+
+def test_bad_inputs_name_the_field():
+    scores, pred = folded_scores(4, 16, 8)
+    budget = torch.full((4,), 3).to(DEVICE)
+    with pytest.raises(ValueError, match="top_k"):
+        base_route_select(scores[:, :16], None, None, budget, top_k=17, renormalize=True)
+    with pytest.raises(ValueError, match="yhat"):
+        base_route_select(scores[:, :16], scores[:, :8], pred.bias[0], budget, top_k=4,
+                          renormalize=True)
+    with pytest.raises(ValueError, match="budget"):
+        base_route_select(scores[:, :16], None, None, budget[:3], top_k=4, renormalize=True)
+    with pytest.raises(ValueError, match="folded"):
+        route_select_experts(scores[:, :16], scores[:, 16:], budget, 0,
+                             SelectionConfig(policy="oea"), pred, top_k=4, norm_topk_prob=True)
