@@ -26,6 +26,8 @@ Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K)
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -43,25 +45,141 @@ from base_sglang.kernels.utils import (
 
 
 @triton.jit
-def _route_rows(logits_ptr, stride_l, ts, tmask, es, emask, kk, K: tl.constexpr,
-                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, ID_BITS: tl.constexpr,
-                SENTINEL: tl.constexpr):
-    """Rows ts of the router: (logits [BT, BE], keys, top keys [BT, KK], K-th key [BT], max,
-    softmax denominator, routed mask [BT, BE], sum of routed p [BT])."""
-    valid = tmask[:, None] & emask[None, :]
-    lg = tl.load(logits_ptr + ts.to(tl.int64)[:, None] * stride_l + es[None, :], mask=valid,
-                 other=float("-inf")).to(tl.float32)  # [BT, BE]
-    lg = tl.where(tmask[:, None], lg, 0.0)  # rows past T: finite, never stored
-    key = tl.where(valid, _packed(lg, es[None, :], ID_BITS), SENTINEL)  # [BT, BE] distinct per row
-    top = tl.topk(key, BLOCK_KK)  # [BT, KK] descending
-    kth = tl.sum(tl.where(kk[None, :] == K - 1, top, 0), axis=1)  # [BT] the K-th largest key
+def _key(lg, es, KEY32: tl.constexpr, ID_BITS: tl.constexpr):
+    """Keys ordering like (logit descending, id ascending). KEY32: int32 keys of bf16-exact logits
+    (their fp32 bits end in 16 zeros: the high half orders them), ids in the low 16 bits."""
+    if KEY32:
+        bits = (lg + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 -> +0.0
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        return (ordered >> 16) * 65536 + (65535 - es)
+    else:
+        return _packed(lg, es, ID_BITS)
+
+
+@triton.jit
+def _unkey(key, KEY32: tl.constexpr, ID_BITS: tl.constexpr):
+    """(expert id int32, logit fp32) of a key made by _key."""
+    if KEY32:
+        e = 65535 - (key & 65535)
+        hi = key >> 16
+        ordered = hi * 65536 + tl.where(hi < 0, 65535, 0)  # the low half a negative had
+        bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
+        return e.to(tl.int32), bits.to(tl.float32, bitcast=True)
+    else:
+        return _unpack(key, ID_BITS)
+
+
+@triton.jit
+def _top(key, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr, ITER: tl.constexpr, SENT: tl.constexpr):
+    """(top-K keys of each row [BT, KK] descending, SENT past K; the K-th key [BT])."""
+    if ITER:  # K max-reductions, each removing the row's best (keys are distinct per row)
+        top = tl.zeros([key.shape[0], BLOCK_KK], dtype=key.dtype) + SENT
+        cur = key
+        kth = tl.max(cur, axis=1)
+        for j in tl.static_range(K):
+            kth = tl.max(cur, axis=1)  # [BT]
+            top = tl.where(kk[None, :] == j, kth[:, None], top)
+            cur = tl.where(cur == kth[:, None], SENT, cur)
+    else:
+        top = tl.topk(key, BLOCK_KK)  # [BT, KK] descending
+        top = tl.where(kk[None, :] < K, top, SENT)
+        kth = tl.min(tl.where(kk[None, :] < K, top, tl.max(top, axis=1)[:, None]), axis=1)
+    return top, kth
+
+
+@triton.jit
+def _route_rows(lg, valid, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
+                KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
+    """The router on loaded rows lg [BT, BE] (invalid entries any finite value): (keys, top keys
+    [BT, KK], K-th key [BT], max, softmax denominator, routed [BT, BE], p [BT, BE], routed mass)."""
+    key = tl.where(valid, _key(lg, es[None, :], KEY32, ID_BITS), SENT)  # [BT, BE] distinct per row
+    top, kth = _top(key, kk, K, BLOCK_KK, ITER, SENT)
     routed = valid & (key >= kth[:, None])  # [BT, BE] the token's top-K
-    mx = tl.max(lg, axis=1)  # [BT]
-    ex = tl.where(emask[None, :], tl.exp(lg - mx[:, None]), 0.0)
-    s = tl.sum(ex, axis=1)  # [BT]
+    mx = tl.max(tl.where(valid, lg, float("-inf")), axis=1)  # [BT]
+    mx = tl.where(mx > float("-inf"), mx, 0.0)  # rows past T: finite
+    ex = tl.where(valid, tl.exp(lg - mx[:, None]), 0.0)
+    s = tl.maximum(tl.sum(ex, axis=1), 1e-30)  # [BT]
     p = ex / s[:, None]  # [BT, BE]
     tp = tl.maximum(tl.sum(tl.where(routed, p, 0.0), axis=1), 1e-30)  # [BT] routed mass
-    return lg, key, top, kth, mx, s, routed, p, tp
+    return key, top, kth, mx, s, routed, p, tp
+
+
+@triton.jit
+def _load_rows(ptr, stride, ts, tmask, es, emask):
+    valid = tmask[:, None] & emask[None, :]
+    x = tl.load(ptr + ts.to(tl.int64)[:, None] * stride + es[None, :], mask=valid, other=0.0)
+    return x.to(tl.float32), valid
+
+
+@triton.jit
+def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
+                 RENORM: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr,
+                 ID_BITS: tl.constexpr, SENT: tl.constexpr):
+    """(D [BE], union counts [BE]) of loaded rows."""
+    _key_, _top_, _kth, _mx, _s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK,
+                                                             KEY32, ITER, ID_BITS, SENT)
+    routed = routed & real[:, None]
+    w = p  # [BT, BE] the routed weights (where routed)
+    if RENORM:
+        w = p / tp[:, None]
+    cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
+    cost = tl.where(routed & (cost == cost), cost, 0.0)  # a NaN row scores nothing
+    return tl.sum(cost, axis=0), tl.sum(routed.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+               counts_ptr, removed_ptr, alpha, K: tl.constexpr, BLOCK_KK: tl.constexpr,
+               RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
+               KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr,
+               SENT: tl.constexpr):
+    """From D [BE] and the union counts: S, the statistics (program 0) and this program's rows
+    (ids [BT, KK], weights, mask of filled slots)."""
+    in_union = (cnt > 0) & emask
+    dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE]
+    ranked = tl.sort(dkey, descending=True)
+    kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
+    in_s = in_union & (dkey >= kth_d) & (m > 0)  # [BE] the kept set S
+    if pid == 0:
+        tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
+        tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
+        tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
+    # ---- this program's rows -----------------------------------------------------------------
+    if BACKFILL:  # the top-K of S by logit: routed experts in S first, then backfill
+        nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
+        new, l_new = _unkey(nkey, KEY32, ID_BITS)
+        ok = (nkey > SENT) & m2
+        new = tl.where(ok, new, -1)
+        p_new = tl.where(ok, tl.exp(l_new - mx[:, None]) / s[:, None], 0.0)
+        is_own = ok & (nkey >= kth[:, None])
+        w_own = p_new  # own slots: their routed weight, as w_t computes it
+        if RENORM:
+            w_own = p_new / tp[:, None]
+    else:  # drop only: routed experts outside S become -1 in their slots
+        hit = (ids_t[:, :, None] == es[None, None, :]) & in_s[None, None, :]  # [BT, KK, BE]
+        ok = (tl.max(hit.to(tl.int32), axis=2) > 0) & m2
+        new = tl.where(ok, ids_t, -1)
+        p_new = tl.where(ok, p_k, 0.0)
+        is_own = ok
+        w_own = w_t
+    total_w = tl.sum(tl.where(m2, w_t, 0.0), axis=1)  # [BT]
+    if COMBINE == 0:  # "always"
+        p_sum = tl.sum(p_new, axis=1)
+        new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
+    else:  # "never", then "partial" rescales by (W / sum) ** alpha
+        total_p = tl.sum(p_k, axis=1)
+        new_w = tl.where(is_own, w_own,
+                         p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
+        if COMBINE == 2:
+            total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
+            ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
+            safe = tl.where(ratio > 0.0, ratio, 1.0)
+            scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
+                             tl.where(alpha == 0.0, 1.0, 0.0))
+            new_w = new_w * scale[:, None]
+    unchanged = tl.sum(((new != ids_t) & m2).to(tl.int32), axis=1) == 0  # [BT]
+    new_w = tl.where(unchanged[:, None], w_t, new_w)
+    return new, new_w, ok
 
 
 @triton.jit
@@ -72,24 +190,38 @@ def _base_route_kernel(
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, T_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     SELECT: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
-    HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
-    ID_BITS: tl.constexpr, SENTINEL: tl.constexpr,
+    HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, USE_PDL: tl.constexpr,
+    ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     es = tl.arange(0, BLOCK_E)  # [BE]
     emask = es < E
     kk = tl.arange(0, BLOCK_KK)  # [KK] slots (also output slots j)
     kmask = kk < K
+    ts = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] this program's rows
+    tmask = ts < T
+    m2 = tmask[:, None] & kmask[None, :]
     if SELECT:
         b_e = tl.load(b_ptr + es, mask=emask, other=0.0).to(tl.float32)  # static: before the wait
     if USE_PDL:  # wait for the producer (the router GEMM), then let the next launch start early
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-    d = tl.zeros([BLOCK_E], dtype=tl.float32)
-    m = 0
+    # every load of this program's rows first (one round trip), the router after
+    lg, valid = _load_rows(logits_ptr, stride_l, ts, tmask, es, emask)  # [BT, BE]
     if SELECT:
-        # ---- batch budget and batch score D over every row (each program: no barrier) ----------
+        yh, _v = _load_rows(yhat_ptr, stride_y, ts, tmask, es, emask)
+    real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
+    key, top, kth, mx, s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK, KEY32,
+                                                      ITER, ID_BITS, SENT)
+    ids_t, l_own = _unkey(top, KEY32, ID_BITS)  # [BT, KK] the router's top-K, best first
+    p_k = tl.where(m2, tl.exp(l_own - mx[:, None]) / s[:, None], 0.0)  # [BT, KK]
+    w_t = p_k  # [BT, KK] the model's weights
+    if RENORM:
+        w_t = p_k / tp[:, None]
+    new = ids_t
+    new_w = w_t
+    ok = m2
+    if SELECT:
         vmax = tl.zeros([BLOCK_B], dtype=tl.int64)
         for b0 in range(0, T, BLOCK_B):
             bs = b0 + tl.arange(0, BLOCK_B)
@@ -97,85 +229,42 @@ def _base_route_kernel(
         m = tl.minimum(tl.maximum(tl.max(vmax, axis=0), 0), E)
         if HAS_TABLE:
             m = layer_budget(m, table_ptr, E)
-        cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for c in tl.static_range(T_CHUNKS):  # independent chunks: their loads can overlap
-            ts = c * BLOCK_T + tl.arange(0, BLOCK_T)
-            tmask = ts < T
-            real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
-            _lg, _key, _top, _kth, _mx, _s, routed, p, tp = _route_rows(
-                logits_ptr, stride_l, ts, tmask, es, emask, kk, K, BLOCK_KK, RENORM, ID_BITS,
-                SENTINEL)
-            routed = routed & real[:, None]
-            w = p  # [BT, BE] the routed weights (where routed)
-            if RENORM:
-                w = p / tp[:, None]
-            yh = tl.load(yhat_ptr + ts.to(tl.int64)[:, None] * stride_y + es[None, :],
-                         mask=routed, other=0.0).to(tl.float32) + b_e[None, :]
-            cost = w * w * tl.exp(2.0 * yh)
-            cost = tl.where(routed & (cost == cost), cost, 0.0)  # a NaN row scores nothing
-            d += tl.sum(cost, axis=0)
-            cnt += tl.sum(routed.to(tl.int32), axis=0)
-        in_union = (cnt > 0) & emask
-        dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE]
-        ranked = tl.sort(dkey, descending=True)
-        kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
-        in_s = in_union & (dkey >= kth_d) & (m > 0)  # [BE] the kept set S
-        if pid == 0:
-            tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
-            tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
-            tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
-
-    # ---- this program's rows -------------------------------------------------------------------
-    ts = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
-    tmask = ts < T
-    m2 = tmask[:, None] & kmask[None, :]
-    real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
-    _lg, key, top, kth, mx, s, routed, _p, tp = _route_rows(
-        logits_ptr, stride_l, ts, tmask, es, emask, kk, K, BLOCK_KK, RENORM, ID_BITS, SENTINEL)
-    ids_t, l_own = _unpack(top, ID_BITS)  # [BT, KK] the router's top-K, best first
-    p_k = tl.where(m2, tl.exp(l_own - mx[:, None]) / s[:, None], 0.0)  # [BT, KK]
-    w_t = p_k  # [BT, KK] the model's weights
-    if RENORM:
-        w_t = p_k / tp[:, None]
-    if SELECT:
-        if BACKFILL:  # the top-K of S by logit: routed experts in S first, then backfill
-            nkey = tl.topk(tl.where(in_s[None, :], key, SENTINEL), BLOCK_KK)  # [BT, KK]
-            new, l_new = _unpack(nkey, ID_BITS)
-            ok = (nkey > SENTINEL) & m2
-            new = tl.where(ok, new, -1)
-            p_new = tl.where(ok, tl.exp(l_new - mx[:, None]) / s[:, None], 0.0)
-            is_own = ok & (nkey >= kth[:, None])
-            w_own = p_new  # own slots: their routed weight, as w_t computes it
-            if RENORM:
-                w_own = p_new / tp[:, None]
-        else:  # drop only: routed experts outside S become -1 in their slots
-            hit = (ids_t[:, :, None] == es[None, None, :]) & in_s[None, None, :]  # [BT, KK, BE]
-            ok = (tl.max(hit.to(tl.int32), axis=2) > 0) & m2
-            new = tl.where(ok, ids_t, -1)
-            p_new = tl.where(ok, p_k, 0.0)
-            is_own = ok
-            w_own = w_t
-        total_w = tl.sum(tl.where(m2, w_t, 0.0), axis=1)  # [BT]
-        if COMBINE == 0:  # "always"
-            p_sum = tl.sum(p_new, axis=1)
-            new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
-        else:  # "never", then "partial" rescales by (W / sum) ** alpha
-            total_p = tl.sum(p_k, axis=1)
-            new_w = tl.where(is_own, w_own,
-                             p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
-            if COMBINE == 2:
-                total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
-                ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
-                safe = tl.where(ratio > 0.0, ratio, 1.0)
-                scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
-                                 tl.where(alpha == 0.0, 1.0, 0.0))
-                new_w = new_w * scale[:, None]
-        unchanged = tl.sum(((new != ids_t) & m2).to(tl.int32), axis=1) == 0  # [BT]
-        new_w = tl.where(unchanged[:, None], w_t, new_w)
-    else:
-        new = ids_t
-        new_w = w_t
-        ok = m2
+        # ---- batch score D over every row (each program on its own: no barrier) -----------------
+        if T_CHUNKS == 1:  # this program's rows are every row
+            rr = routed & real[:, None]
+            cnt = tl.sum(rr.to(tl.int32), axis=0)  # [BE]
+            n_union = tl.sum((cnt > 0).to(tl.int32), axis=0)
+            if m < n_union:  # something is dropped
+                w = p
+                if RENORM:
+                    w = p / tp[:, None]
+                cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
+                d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
+                new, new_w, ok = _kept_rows(
+                    d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                    counts_ptr, removed_ptr, alpha, K, BLOCK_KK, RENORM, BACKFILL, COMBINE,
+                    KEY32, ITER, ID_BITS, SENT)
+            elif pid == 0:  # S = the union: the routing as it is
+                tl.store(counts_ptr, n_union.to(tl.int64))
+                tl.store(counts_ptr + 1, n_union.to(tl.int64))
+                tl.store(removed_ptr, 0.0)
+        else:
+            d = tl.zeros([BLOCK_E], dtype=tl.float32)
+            cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
+            for c in tl.static_range(T_CHUNKS):  # independent chunks: their loads can overlap
+                tc = c * BLOCK_T + tl.arange(0, BLOCK_T)
+                tcm = tc < T
+                lg_c, valid_c = _load_rows(logits_ptr, stride_l, tc, tcm, es, emask)
+                yh_c, _vc = _load_rows(yhat_ptr, stride_y, tc, tcm, es, emask)
+                real_c = tl.load(budget_ptr + tc, mask=tcm, other=-1) >= 0
+                d_c, n_c = _chunk_score(lg_c, yh_c, valid_c, real_c, b_e, es, emask, kk, K,
+                                        BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT)
+                d += d_c
+                cnt += n_c
+            new, new_w, ok = _kept_rows(
+                d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                counts_ptr, removed_ptr, alpha, K, BLOCK_KK, RENORM, BACKFILL, COMBINE,
+                KEY32, ITER, ID_BITS, SENT)
     keep = ok & real[:, None]
     new = tl.where(keep, new, -1)
     new_w = tl.where(keep, new_w, 0.0)
@@ -185,13 +274,18 @@ def _base_route_kernel(
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:
-    """Tile sizes and warps of the route-select launch for (T, E, K)."""
+    """Tile sizes, warps and top-k method of the route-select launch for (T, E, K).
+    BASE_ROUTE_TILES="num_warps,block_t,iter" overrides them (benchmark sweeps only)."""
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
+    num_warps, it = (4 if block_t * block_e <= 1024 else 8), False
+    if "BASE_ROUTE_TILES" in os.environ:
+        w_env, t_env, i_env = (int(v) for v in os.environ["BASE_ROUTE_TILES"].split(","))
+        num_warps, block_t, it = w_env, max(1, min(t_env, triton.next_power_of_2(max(T, 1)))), bool(i_env)
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 T_CHUNKS=triton.next_power_of_2(triton.cdiv(max(T, 1), block_t)),
-                BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))),
-                num_warps=4 if block_t * block_e <= 1024 else 8)
+                BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it,
+                num_warps=num_warps)
 
 
 def base_route_select(
@@ -242,12 +336,14 @@ def base_route_select(
     cfg = route_blocks(T, E, K)
     num_warps = cfg.pop("num_warps")
     pdl = use_pdl(dev)
+    key32 = logits.dtype == torch.bfloat16 and E <= 65536  # bf16 logits order by 16 bits
     grid = (triton.cdiv(T, cfg["BLOCK_T"]),)
     _base_route_kernel[grid](
         logits, yhat if select else logits, b if select else logits, budget,
         table if table is not None else logits, out_ids, out_w, counts, removed,
         T, logits.stride(0), yhat.stride(0) if select else 0, float(alpha),
         E=E, K=K, **cfg, SELECT=select, RENORM=bool(renormalize), BACKFILL=backfill,
-        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, USE_PDL=pdl,
-        ID_BITS=ID_BITS, SENTINEL=SENTINEL, num_warps=num_warps, **launch_kwargs(pdl))
+        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, KEY32=key32, USE_PDL=pdl,
+        ID_BITS=ID_BITS, SENT=-(1 << 31) if key32 else SENTINEL, SENTINEL=SENTINEL,
+        num_warps=num_warps, **launch_kwargs(pdl))
     return out_ids, out_w, counts, removed

@@ -43,7 +43,7 @@ def run_case(shape: str, T: int, M: str) -> dict:
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
     weights = [make_experts(E, H, I, seed=c) for c in range(COPIES)]
     pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
-                            architecture="synthetic").cuda()
+                            architecture="synthetic").to("cuda")
     r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
     hidden = torch.randn(T, H, device="cuda").bfloat16()
     budget = torch.full((T,), E if M == "dense" else int(M), device="cuda")

@@ -8,6 +8,8 @@
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
 #            dense layers of benchmarks/results/kernels_h200_moe/final  -> OUT/base_select.{csv,json}
+#   sweep    gpu/sweep_route.py: (num_warps, rows per block, top-k method) of the folded launch
+#                                                                      -> OUT/sweep_route.json
 #   profile  gpu/profile_moe.py: per-kernel time of selection + fused_moe -> OUT/profile_moe.json
 # Usage (repository root, proxy weights home, nothing to carry):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest select profile"] bash benchmarks/gpu/run_route_h200.sh
@@ -31,14 +33,20 @@ for part in $PARTS; do
         select) echo "=== selection and folded routing latency"
             nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
             timeout -k 10 ${SELECT_S:-180} python3 benchmarks/bench_base_select.py --out "$OUT" \
+                --shapes ${SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
                 --tokens ${TOKENS:-1,8,16,32,64} --dense-from benchmarks/results/kernels_h200_moe/final \
                 > "$OUT/bench.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench.log" | cut -c1-200 | tail -20 ;;
+        sweep) echo "=== route-select tiles and top-k method"
+            timeout -k 10 ${SWEEP_S:-300} python3 benchmarks/gpu/sweep_route.py --out "$OUT" \
+                --budget-s $(( ${SWEEP_S:-300} - 30 )) --tokens ${TOKENS:-1,8,16,32,64} \
+                > "$OUT/sweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/sweep.log" | cut -c1-200 | tail -20 ;;
         profile) echo "=== per-kernel time of selection + fused_moe in a graph"
             timeout -k 10 ${PROFILE_S:-120} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -40 ;;
-        *) echo "unknown part '$part' (check pytest select profile)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check pytest select sweep profile)" >&2; exit 2 ;;
     esac
 done
 exit $status

@@ -124,3 +124,20 @@ def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="folded"):
         route_select_experts(scores[:, :16], scores[:, 16:], budget, 0,
                              SelectionConfig(policy="oea"), pred, top_k=4, norm_topk_prob=True)
+
+
+@pytest.mark.parametrize("tiles", ["4,16,1", "1,4,0", "2,2,1"])  # warps, rows per block, iterative top-k
+@pytest.mark.parametrize("T,budget", [(9, 10), (12, 5), (3, 64)])
+def test_every_tiling_and_topk_method(tiles, T, budget, monkeypatch):
+    # rows per block below T: several programs, each recomputing D over every chunk
+    monkeypatch.setenv("BASE_ROUTE_TILES", tiles)
+    check_route(T, 64, 8, [budget] * (T - 1) + [-1], seed=T)
+    check_route(T, 32, 4, [budget] * T, seed=T, dtype=torch.float32, policy="base")
+
+
+def test_nothing_to_drop_keeps_the_routing():
+    # M >= the union (T = 2, K = 4, M = 8): the launch returns the routing, S = the union
+    got, _, ids, w = check_route(2, 64, 4, [8, 8], seed=4)
+    assert torch.equal(got.ids.long(), ids)
+    assert int(got.stats.num_kept) == int(got.stats.num_union) == len(ids.unique())
+    assert float(got.stats.removed_cost) == 0.0
