@@ -28,6 +28,7 @@ _WHERE = {
     "base_select_experts": "select_experts",
     "base_route_select": "base_route",
     "route_select_experts": "select_experts",
+    "route_wins": "select_experts",
     "selection_kernel": "select_experts",
     "moe_align": "moe_align",
     "moe_gemm": "moe_gemm",

@@ -8,13 +8,15 @@ without it every hook passes through.
 The hooks, in the order a request meets them (details in plugin/hooks.py):
   ServerArgs.check_server_args        BEFORE  refuse EP/DeepEP, DP attention, EPLB, spec decoding ...
   TokenizerManager.generate_request   BEFORE  validate budgets, copy X-Expert-Budget into custom_params
-  ModelRunner.load_model              AFTER   load + validate the predictor (target model only)
+  ModelRunner.load_model              AFTER   load + validate the predictor (target model only),
+                                              fold it into the router GEMMs (BASE_FOLD)
   ModelRunner.init_cuda_graphs        BEFORE  allocate the static budget buffer
   DecodeCudaGraphRunner.capture       AROUND  capture BASE into target decode graphs
   CPUGraphRunner.__init__             BEFORE  refuse SGLang's torch.compile CPU graphs
   ForwardBatch.init_new               AFTER   per-token budgets of a decode batch
   ModelRunner._forward_raw            AROUND  fill the buffer (padding -1), open the decode gate
-  TopK.forward_cuda/native/cpu        AFTER   select experts (Triton kernels or the torch core)
+  TopK.forward_cuda/native/cpu        AROUND  select experts (Triton kernels or the torch core); a
+                                              folded gate's [T, 2E] output split (plugin/fold.py)
 Supported: SGLang 0.5.17 through 0.5.23 (every target above exists in both with the same
 signature; what else differs, and how the hooks tell, is in plugin/compat.py).
 """
@@ -40,9 +42,9 @@ TARGETS = (  # (target, hook, hook type name)
      hooks.after_forward_batch_init, "AFTER"),
     (f"{_SRT}.model_executor.model_runner.ModelRunner._forward_raw", hooks.around_forward_raw,
      "AROUND"),
-    (f"{_SRT}.layers.moe.topk.TopK.forward_cuda", hooks.after_topk, "AFTER"),
-    (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.after_topk, "AFTER"),
-    (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.after_topk, "AFTER"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_cuda", hooks.around_topk, "AROUND"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.around_topk, "AROUND"),
+    (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.around_topk, "AROUND"),
     (f"{_SRT}.layers.moe.moe_runner.triton_utils.fused_moe.fused_experts_impl",
      hooks.before_fused_experts, "BEFORE"),
 )

@@ -5,6 +5,8 @@
                          "base" is the paper's BASE)
     BASE_DEFAULT_BUDGET  budget of requests that set none: an integer or "dense" (default: dense)
     BASE_KERNELS         "auto" (Triton kernels on CUDA when importable) or "off" (torch core)
+    BASE_FOLD            "auto" (stack the predictor under each foldable router GEMM: plugin/fold.py)
+                         or "off" (SGLang's own router and top-k, then the selection)
     BASE_STATS_INTERVAL  log mean experts executed per MoE layer every N decode steps (0: never)
 The names match base-serve's settings, so `base-serve --backend sglang` hands them down unchanged.
 """
@@ -25,6 +27,7 @@ class PluginConfig:
     policy: str = DEFAULT_POLICY
     default_budget: int | str = DENSE_LABEL  # resolved against E when the predictor loads
     kernels: bool = True
+    fold: bool = True
     stats_interval: int = 200
 
     def __post_init__(self):
@@ -42,6 +45,9 @@ class PluginConfig:
         kernels = env.get("BASE_KERNELS", "auto").strip().lower()
         if kernels not in ("auto", "off", "on", "0", "1"):
             raise ValueError(f"BASE_KERNELS: must be auto or off, got {kernels!r}")
+        fold = env.get("BASE_FOLD", "auto").strip().lower()
+        if fold not in ("auto", "off", "on", "0", "1"):
+            raise ValueError(f"BASE_FOLD: must be auto or off, got {fold!r}")
         interval = env.get("BASE_STATS_INTERVAL", "200").strip()
         if not interval.isdigit():
             raise ValueError(f"BASE_STATS_INTERVAL: must be an integer >= 0, got {interval!r}")
@@ -49,4 +55,5 @@ class PluginConfig:
                    policy=env.get("BASE_POLICY", "").strip() or DEFAULT_POLICY,
                    default_budget=parse_budget(env.get("BASE_DEFAULT_BUDGET", "dense"),
                                                "BASE_DEFAULT_BUDGET"),
-                   kernels=kernels not in ("off", "0"), stats_interval=int(interval))
+                   kernels=kernels not in ("off", "0"), fold=fold not in ("off", "0"),
+                   stats_interval=int(interval))

@@ -1,0 +1,83 @@
+"""Fold BASE's predictor into each MoE block's router GEMM of a loaded SGLang model.
+
+A block that runs `router_logits, _ = self.gate(x); self.topk(x, router_logits)` (Qwen2/3-MoE,
+OLMoE, Mixtral) gets the predictor's rows stacked under its gate's ([2E, H], core.routing), so the
+gate returns [T, 2E]: the logits, then z . a_e. The TopK hook (hooks.around_topk) splits them: in
+BASE decode steps the router's top-k and the selection run from them (kernels.route_select_experts
+where it is the faster launch, else our top-k launch and the unfolded selection); elsewhere SGLang's
+own top-k gets the first E columns. A block is folded only when nothing else reads the gate's output
+and SGLang's top-k would be a plain softmax top-k; `fold_gates` says why it left a block alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from base_sglang.core import Predictor, SelectionConfig
+from base_sglang.core.routing import fold_router
+
+from .compat import shared_topk_columns
+
+log = logging.getLogger("base_sglang.plugin")
+
+# SGLang server flags under which SGLang's own select_experts must run (it records what we skip)
+_NEEDS_SGLANG_TOPK = ("enable_return_routed_experts", "expert_distribution_recorder_mode",
+                      "enable_expert_distribution_metrics")
+
+
+def unfoldable(block, predictor: Predictor, config: SelectionConfig) -> str | None:
+    """Why this MoE block's gate cannot be folded, or None when it can."""
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    from base_sglang.kernels.select_experts import route_foldable
+
+    topk, gate = block.topk, block.gate
+    cfg = topk.topk_config
+    layer = getattr(topk, "layer_id", None)
+    if layer is None or not route_foldable(config, layer, predictor):
+        return f"policy {config.policy!r} does not run from a folded router at layer {layer}"
+    if type(gate) is not ReplicatedLinear or getattr(gate, "bias", None) is not None:
+        return f"gate {type(gate).__name__} is not a bias-free ReplicatedLinear"
+    if type(gate.quant_method).__name__ != "UnquantizedLinearMethod" or getattr(
+            gate, "use_intel_amx_backend", False):
+        return f"gate runs {type(gate.quant_method).__name__} (a packed or quantized weight)"
+    w = gate.weight
+    E = predictor.meta.num_experts
+    if w.dim() != 2 or w.shape[0] != E or w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"gate weight {tuple(w.shape)} {w.dtype} is not [E={E}, H] float"
+    plain = (not cfg.use_grouped_topk and cfg.custom_routing_function is None
+             and cfg.correction_bias is None and getattr(cfg, "scoring_func", "softmax") == "softmax"
+             and cfg.routed_scaling_factor in (None, 1.0) and shared_topk_columns(cfg) == 0
+             and not getattr(cfg, "sqrtsoftplus_log1p", False)
+             and not getattr(cfg, "fused_gate_packed_ids", False))
+    if not plain:
+        return "its top-k is not a plain softmax top-k (grouped, biased, scaled or shared slots)"
+    return None
+
+
+def fold_gates(model, predictor: Predictor, config: SelectionConfig, server_args=None) -> dict:
+    """Stack the predictor under every foldable gate; marks its TopK with `base_fold = E`.
+    Returns {layer id: reason} for the MoE blocks left unfolded (empty when all were folded)."""
+    from sglang.srt.layers.moe.topk import TopK
+
+    skip = [f for f in _NEEDS_SGLANG_TOPK if server_args is not None and getattr(server_args, f, None)]
+    left, folded = {}, 0
+    for module in model.modules():
+        topk = getattr(module, "topk", None)
+        if not isinstance(topk, TopK) or not hasattr(module, "gate"):
+            continue
+        why = (f"--{skip[0].replace('_', '-')} needs SGLang's own top-k" if skip
+               else unfoldable(module, predictor, config))
+        if why is not None:
+            left[getattr(topk, "layer_id", None)] = why
+            continue
+        gate = module.gate
+        stacked = fold_router(gate.weight.data, predictor, topk.layer_id)  # [2E, H]
+        gate.weight = torch.nn.Parameter(stacked, requires_grad=False)
+        topk.base_fold = predictor.meta.num_experts
+        folded += 1
+    log.info("BASE: predictor folded into %d router GEMMs; %d MoE blocks left unfolded%s", folded,
+             len(left), f" ({next(iter(left.values()))})" if left else "")
+    return left
