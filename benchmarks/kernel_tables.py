@@ -1,10 +1,12 @@
 """Markdown tables of BENCHMARKS.md's kernel section from a results folder.
 
-    python benchmarks/kernel_tables.py select|align|moe|dense DIR
+    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold DIR
 select: bench_base_select.py's base_select.json (selection latency per launch variant, share of the
         dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed;
 moe:    fused_moe.json as one grid per shape (T x budget: ours µs (x byte floor) / SGLang µs [read]);
-dense:  fused_moe.json's dense rows against SGLang (its align inside where it was timed).
+dense:  fused_moe.json's dense rows against SGLang (its align inside where it was timed);
+route:  base_select.json's folded-router columns (what BASE adds to the router's GEMM + top-k);
+fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side.
 """
 
 from __future__ import annotations
@@ -78,18 +80,64 @@ def dense_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def route_table(rows: list[dict]) -> str:
+    """Per (shape, T): the routing sequences as CUDA graphs, and what BASE adds to the dense
+    routing with the folded launch and with the unfolded selection; "by the rule" = route_wins."""
+    from base_sglang.kernels.select_experts import route_wins
+
+    experts = {"qwen3-30b-a3b": 128, "olmoe-1b-7b": 64, "mixtral-8x7b": 8}
+    out = ["| shape | T | GEMM E µs | GEMM 2E µs | dense routing µs | folded + BASE µs | "
+           "dense routing + unfolded BASE µs | torch top-k µs | dense MoE µs | folded adds | "
+           "unfolded adds | by the rule | its share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        if "folded_us" not in r:
+            continue
+        fold = route_wins(r["T"], experts[r["shape"]])
+        f_add, u_add = r["folded_us"] - r["router_us"], r["unfolded_us"] - r["router_us"]
+        its = f_add if fold else u_add
+        out.append(f"| {r['shape']} | {r['T']} | {r['gemm_us']:.1f} | {r['gemm2_us']:.1f} | "
+                   f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {r['unfolded_us']:.1f} | "
+                   f"{r['torch_topk_us']:.1f} | {r['dense_moe_us']:.1f} | {f_add:.1f} | "
+                   f"{u_add:.1f} | {'folded' if fold else 'unfolded'} | "
+                   f"{its / r['dense_moe_us']:.1%} |")
+    return "\n".join(out)
+
+
+def fold_table(folder: str) -> str:
+    """Decode step (median ms) per (B, budget) with BASE_FOLD=auto and off."""
+    runs = {}
+    for name in ("e2e_fold", "e2e_nofold"):
+        with open(os.path.join(folder, name, "summary.json")) as f:
+            runs[name] = {(r["batch"], str(r["budget"])): r for r in json.load(f)["row_stats"]}
+    out = ["| B | budget | folded ms/step | unfolded ms/step | unfolded / folded |",
+           "|---:|---|---:|---:|---:|"]
+    for key in sorted(set(runs["e2e_fold"]) | set(runs["e2e_nofold"]), key=lambda k: (k[0], k[1])):
+        f, u = runs["e2e_fold"].get(key), runs["e2e_nofold"].get(key)
+        fm = f"{f['median_step_ms']:.2f}" if f else "not run (time budget)"
+        um = f"{u['median_step_ms']:.2f}" if u else "not run (time budget)"
+        ratio = f"{u['median_step_ms'] / f['median_step_ms']:.3f}" if f and u else "-"
+        out.append(f"| {key[0]} | {key[1]} | {fm} | {um} | {ratio} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("select", "align", "moe", "dense"))
+    ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json")
     args = ap.parse_args()
     kind = args.kind
-    path = os.path.join(args.folder, "base_select.json" if kind == "select" else "fused_moe.json")
+    if kind == "fold":
+        print(fold_table(args.folder))
+        return 0
+    path = os.path.join(args.folder, "base_select.json" if kind in ("select", "route")
+                        else "fused_moe.json")
     if not os.path.isfile(path):
         ap.error(f"folder: no {os.path.basename(path)} in {args.folder}")
     with open(path) as f:
         rows = json.load(f)["rows"]
-    tables = {"select": select_table, "align": align_table, "moe": moe_tables, "dense": dense_table}
+    tables = {"select": select_table, "align": align_table, "moe": moe_tables, "dense": dense_table,
+              "route": route_table}
     print(tables[kind](rows))
     return 0
 
