@@ -5,7 +5,8 @@ d_j = W_d[:, j] (core/moe_ref.py layout: gate_up [E, 2I, H], gate rows first; do
 For a neuron subset S_u of r indices per expert:
   partial  P_S(z) = sum_{j in S} h_j d_j        (the exact partial output; 2rH + Hr MACs per pair)
   energy   Q_S(z) = sum_{j in S} h_j^2 ||d_j||^2 (no cross terms; 2rH + r MACs per pair)
-select_neurons picks S_u on the fit pairs (rule "energy": the r largest mean h_j^2 ||d_j||^2).
+select_neurons picks S_u on the fit pairs by a rule over c_j = h_j^2 ||d_j||^2 (neuron j's own energy):
+  "energy" the r largest mean c_j;  "var" the r largest variance of c_j (what the bias cannot absorb).
 
 Shape legend: T tokens, K routed slots, E experts, H hidden, I expert intermediate, R neurons kept.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 NEURON_EPS = 1e-6  # features are log(||P_S|| + eps) and log(Q_S + eps^2)
+NEURON_RULES = ("energy", "var")
 
 
 def _pairs(ids: torch.Tensor):
@@ -32,20 +34,23 @@ def _hidden(x: torch.Tensor, gate_up: torch.Tensor, act: Callable) -> torch.Tens
 
 
 def select_neurons(z: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                   r: int, act: Callable) -> torch.Tensor:
-    """S [E, r] long: per expert the r neurons of largest mean h_j^2 ||d_j||^2 over its routed rows,
-    in decreasing order (so S[:, :r'] is the rule's choice for any r' <= r). An expert no fit row
+                   r: int, act: Callable, rule: str = "energy") -> torch.Tensor:
+    """S [E, r] long: per expert the r neurons of largest mean (rule "energy") or variance ("var") of
+    h_j^2 ||d_j||^2 over its routed rows, in decreasing order (so S[:, :r'] is the rule's choice for any r' <= r). An expert no fit row
     routes to keeps neurons 0..r-1. z [T, H], ids [T, K], gate_up [E, 2I, H], down [E, H, I]."""
     E, I2, _ = gate_up.shape
     if not 1 <= r <= I2 // 2:
         raise ValueError(f"neurons: r must be in 1..{I2 // 2} (the expert's intermediate size), got {r}")
+    if rule not in NEURON_RULES:
+        raise ValueError(f"neuron_rule: must be one of {NEURON_RULES}, got {rule!r}")
     flat, tok = _pairs(ids)
     sel = torch.arange(r).repeat(E, 1)  # [E, r]
     dn2 = down.float().square().sum(1)  # [E, I] ||d_j||^2
     for u in torch.unique(flat).tolist():
         rows = z[tok[flat == u]].float()  # [n, H]
         h = _hidden(rows, gate_up[u].float(), act)  # [n, I]
-        sel[u] = (h.square().mean(0) * dn2[u]).topk(r).indices
+        c = h.square() * dn2[u]  # [n, I]
+        sel[u] = (c.mean(0) if rule == "energy" else c.var(0, correction=0)).topk(r).indices
     return sel
 
 

@@ -11,7 +11,8 @@ the calibration split's fit windows, scored on its held-out windows):
   quadR   f = [z, upper triangle of s s^T], s = P z, P = top-R principal directions of z (shared)
   rfR     f = [z, silu(P z)], P random [R, H] (shared random features)
 Options with R of the expert's own neurons computed exactly (calibration/neuron_features.py; S_u = the R
-neurons of largest mean h_j^2 ||d_j||^2 on the fit rows), per routed slot:
+neurons of largest mean h_j^2 ||d_j||^2 on the fit rows, or of largest variance with --neuron-rule var),
+per routed slot:
   neuronR        f = [z, log ||P_S(z)||]          P_S = sum_{j in S_u} h_j d_j, the exact partial output
   neuronR_only   f = [log ||P_S(z)||]             (yhat = a_u log ||P_S|| + b_u)
   nenergyR       f = [z, log Q_S(z)]              Q_S = sum_{j in S_u} h_j^2 ||d_j||^2 (no down product)
@@ -38,7 +39,7 @@ import torch
 from base_sglang.calibration.collect import LOG_EPS, capture, routed_outputs, run_forward
 from base_sglang.calibration.config import CalibrationConfig, run_cli
 from base_sglang.calibration.fit import spearman, top_m_mask
-from base_sglang.calibration.neuron_features import neuron_features, select_neurons
+from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
 
 OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256")
 NEURON_R = (4, 8, 16, 32)
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout-every", type=int, default=CalibrationConfig.heldout_every)
     p.add_argument("--batch-size", type=int, default=16, help="decode batch B of the energy statistic")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--neuron-rule", default="energy", choices=NEURON_RULES,
+                   help="how the neuron options pick S_u on the fit rows")
     return p
 
 
@@ -203,6 +206,19 @@ def summarise(layers: dict, options: list[str], budgets) -> dict:
     return out
 
 
+def print_summary(result: dict, budgets) -> None:
+    """One line per option: mean R^2, Spearman, retained energy vs the oracle at M = 2k, gap closed."""
+    m = budgets[1] if len(budgets) > 1 else budgets[0]
+    print(f"{'option':16s} {'r2':>6s} {'spear':>6s} {'E@' + str(m):>7s} {'oracle':>7s} {'gap':>6s} "
+          f"{'bytes/expert':>12s}")
+    for o, s in result["summary"].items():
+        gap = s.get(f"gap_closed@{m}")
+        frac = result["cost"][o].get("expert_bytes_fraction")
+        print(f"{o:16s} {s['r2']:6.3f} {s['spearman_cost']:6.3f} {s[f'energy_pred@{m}']:7.4f} "
+              f"{s[f'energy_oracle@{m}']:7.4f} {'' if gap is None else f'{gap:6.2f}':>6s} "
+              f"{'' if frac is None else f'{frac:.4f}':>12s}")
+
+
 def run(args) -> int:
     from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
     from base_sglang.calibration.pipeline import split_windows
@@ -248,7 +264,7 @@ def run(args) -> int:
         if r_max:
             ex = blocks[j].experts
             gu, dn, act = ex.gate_up_proj.detach(), ex.down_proj.detach(), ex.act_fn
-            sel = select_neurons(z, ids, gu, dn, r_max, act)  # [E, r_max]
+            sel = select_neurons(z, ids, gu, dn, r_max, act, args.neuron_rule)  # [E, r_max]
             for r in sorted({neuron_spec(o)[1] for o in options if neuron_spec(o)}):
                 fp, fq = neuron_features(z, ids, gu, dn, sel[:, :r], act)  # [T, K] each
                 hp, hq = neuron_features(hz, hids, gu, dn, sel[:, :r], act)
@@ -275,11 +291,14 @@ def run(args) -> int:
                       " ".join(args.argv), "fit_windows": len(fit_w), "heldout_windows": len(held_w),
                       "batch_size": args.batch_size, "budgets": list(budgets),
                       "shape": {"H": H, "E": E, "K": K, "I": I},
-                      "neuron_rule": "S_u = top-R mean h_j^2 ||d_j||^2 over the fit rows routed to u",
+                      "neuron_rule": f"{args.neuron_rule}: S_u = top-R "
+                      f"{'mean' if args.neuron_rule == 'energy' else 'variance'} of h_j^2 ||d_j||^2 "
+                      "over the fit rows routed to u",
                       "seconds": round(time.time() - t0, 1), **environment()}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
+    print_summary(result, budgets)
     print(f"wrote {out} in {time.time() - t0:.0f} s")
     return 0
 

@@ -96,3 +96,23 @@ def test_neuron_serving_cost():
     assert o["features"] == 1 and o["bytes_per_layer"] == 2 * 64 * (2 * 8 * 256 + 8 + 2)
     with pytest.raises(ValueError, match="intermediate size"):
         serving_cost("neuron4", 256, 64, 8)
+
+
+def test_neuron_rule_var_picks_the_most_variable_energy():
+    import torch
+
+    from base_sglang.calibration.neuron_features import select_neurons
+
+    g = torch.Generator().manual_seed(1)
+    E, I, H, T = 2, 5, 6, 40  # noqa: E741
+    gu, dn = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
+    z = torch.randn(T, H, generator=g)
+    ids = torch.zeros(T, 1, dtype=torch.long)  # every row routed to expert 0
+    act = torch.nn.functional.silu
+    gate, up = (z @ gu[0].T).chunk(2, -1)
+    c = (act(gate) * up).square() * dn[0].square().sum(0)  # [T, I]
+    assert select_neurons(z, ids, gu, dn, I, act, "var")[0].tolist() == c.var(0, correction=0).argsort(
+        descending=True).tolist()
+    assert select_neurons(z, ids, gu, dn, 2, act)[0].tolist() == c.mean(0).topk(2).indices.tolist()
+    with pytest.raises(ValueError, match="neuron_rule"):
+        select_neurons(z, ids, gu, dn, 2, act, "random")
