@@ -42,9 +42,6 @@ from base_sglang.calibration.fit import spearman, top_m_mask
 from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
 
 OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256")
-NEURON_R = (4, 8, 16, 32)
-NEURON_OPTIONS = tuple(f"{k}{r}{s}" for k in ("neuron", "nenergy") for r in NEURON_R
-                       for s in ("", "_only"))
 QWEN3_30B_A3B = dict(H=2048, E=128, K=8, I=768)
 
 
