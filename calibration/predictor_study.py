@@ -10,6 +10,13 @@ the calibration split's fit windows, scored on its held-out windows):
   diag2   f = [z, z * z]
   quadR   f = [z, upper triangle of s s^T], s = P z, P = top-R principal directions of z (shared)
   rfR     f = [z, silu(P z)], P random [R, H] (shared random features)
+Options with R of the expert's own neurons computed exactly (calibration/neuron_features.py; S_u = the R
+neurons of largest mean h_j^2 ||d_j||^2 on the fit rows, or of largest variance with --neuron-rule var),
+per routed slot:
+  neuronR        f = [z, log ||P_S(z)||]          P_S = sum_{j in S_u} h_j d_j, the exact partial output
+  neuronR_only   f = [log ||P_S(z)||]             (yhat = a_u log ||P_S|| + b_u)
+  nenergyR       f = [z, log Q_S(z)]              Q_S = sum_{j in S_u} h_j^2 ||d_j||^2 (no down product)
+  nenergyR_only  f = [log Q_S(z)]
 Writes STEM.json: per layer and option the held-out R^2, Spearman of the removal cost w^2 ||E_u||^2,
 retained true removal energy of the top-M by predicted cost (decode batches of B tokens at one position)
 and the oracle's, plus each option's serving cost per token (MACs and predictor bytes).
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,8 +39,16 @@ import torch
 from base_sglang.calibration.collect import LOG_EPS, capture, routed_outputs, run_forward
 from base_sglang.calibration.config import CalibrationConfig, run_cli
 from base_sglang.calibration.fit import spearman, top_m_mask
+from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
 
 OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256")
+QWEN3_30B_A3B = dict(H=2048, E=128, K=8, I=768)
+
+
+def neuron_spec(option: str) -> tuple[str, int, bool] | None:
+    """(kind "neuron" | "nenergy", r, only) of a neuron option, None for the others."""
+    m = re.fullmatch(r"(neuron|nenergy)(\d+)(_only)?", option)
+    return (m.group(1), int(m.group(2)), bool(m.group(3))) if m else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,12 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout-every", type=int, default=CalibrationConfig.heldout_every)
     p.add_argument("--batch-size", type=int, default=16, help="decode batch B of the energy statistic")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--neuron-rule", default="energy", choices=NEURON_RULES,
+                   help="how the neuron options pick S_u on the fit rows")
     return p
 
 
 def features(option: str, z: torch.Tensor, logits: torch.Tensor, proj: torch.Tensor | None):
-    """f(z) [T, F] for one option. z [T, H], logits [T, E]."""
+    """f(z) [T, F] for one option (a neuron option's per-slot column is passed to ridge separately).
+    z [T, H], logits [T, E]."""
     z = z.float()
+    spec = neuron_spec(option)
+    if spec is not None:
+        return z[:, :0] if spec[2] else z
     if option == "linear":
         return z
     if option == "router":
@@ -66,8 +88,25 @@ def features(option: str, z: torch.Tensor, logits: torch.Tensor, proj: torch.Ten
     return torch.cat([z, torch.nn.functional.silu(s)], 1)  # rf
 
 
-def serving_cost(option: str, H: int, E: int, K: int) -> dict:
-    """MACs per token and predictor bytes (bf16) per layer of each option at hidden H."""
+def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> dict:  # noqa: E741
+    """MACs per token and predictor bytes (bf16) per layer of each option at hidden H.
+
+    Neuron options (I = expert intermediate size, needed for them) cost per routed slot 2rH MACs for the
+    gate/up rows of S plus Hr for the partial down product (nenergy: r, with ||d_j||^2 stored) and the
+    ridge; bytes are a bf16 copy of those rows per expert. expert_bytes_fraction = neuron bytes per
+    expert / one expert's bytes (3IH); a kernel that gathers the rows from the resident expert weights
+    stores nothing extra but still reads that fraction of every expert the batch touches.
+    """
+    spec = neuron_spec(option)
+    if spec is not None:
+        if I is None:
+            raise ValueError(f"options: {option} needs the expert intermediate size")
+        kind, r, only = spec
+        neuron = 2 * r * H + (H * r if kind == "neuron" else r)  # per slot MACs = per expert weights
+        lin = 2 if only else H + 2  # ridge weights (z part, the neuron column, bias)
+        return {"features": lin - 1, "macs_per_token": K * (neuron + lin - 1),
+                "bytes_per_layer": 2 * E * (neuron + lin),
+                "expert_bytes_fraction": round(neuron / (3 * I * H), 5)}
     R = int("".join(c for c in option if c.isdigit()) or 0)
     extra = {"linear": 0, "router": 2, "diag2": H}.get(option)
     if extra is None:
@@ -78,19 +117,24 @@ def serving_cost(option: str, H: int, E: int, K: int) -> dict:
 
 
 def ridge(feats: torch.Tensor, y: torch.Tensor, e: torch.Tensor, tok: torch.Tensor, E: int,
-          lam_rel: float) -> torch.Tensor:
-    """theta [E, F+1] of the per-expert ridge (bias unpenalised, lambda = lam_rel tr(Z^T Z) / F)."""
+          lam_rel: float, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """theta [E, F+X+1] of the per-expert ridge on rows [f(z_t), extra_slot, 1] (lambda = lam_rel
+    tr(Z^T Z) / F on the F token features; the X per-slot columns extra [T*K, X] and the bias are
+    not penalised)."""
     F = feats.shape[1]
-    z = torch.cat([feats, feats.new_ones(feats.shape[0], 1)], 1).double()  # [T, F+1]
-    theta = torch.zeros(E, F + 1, dtype=torch.float64)
-    theta[:, F] = float(y.mean())
+    X = 0 if extra is None else extra.shape[1]
+    theta = torch.zeros(E, F + X + 1, dtype=torch.float64)
+    theta[:, F + X] = float(y.mean())
     for u in range(E):
         sel = e == u
         if not sel.any():
             continue
-        zu, yu = z[tok[sel]], y[sel].double()  # [n, F+1], [n]
-        a = zu.T @ zu  # [F+1, F+1]
-        a[:F, :F] += lam_rel * a[:F, :F].diagonal().sum() / F * torch.eye(F, dtype=torch.float64)
+        parts = [feats[tok[sel]]] + ([extra[sel]] if X else [])
+        zu = torch.cat([*parts, feats.new_ones(int(sel.sum()), 1)], 1).double()  # [n, F+X+1]
+        yu = y[sel].double()  # [n]
+        a = zu.T @ zu  # [F+X+1, F+X+1]
+        if F:
+            a[:F, :F] += lam_rel * a[:F, :F].diagonal().sum() / F * torch.eye(F, dtype=torch.float64)
         theta[u] = torch.linalg.lstsq(a, (zu.T @ yu)[:, None]).solution[:, 0]
     return theta.float()
 
@@ -109,12 +153,15 @@ def collect(model, blocks, wins: list[list[int]]):
     return {j: tuple(torch.cat([a[k] for a in acc[j]]) for k in range(5)) for j in acc}
 
 
-def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets) -> dict:
-    """Held-out R^2 / Spearman / retained energy of one fitted option."""
+def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets, extra=None) -> dict:
+    """Held-out R^2 / Spearman / retained energy of one fitted option (extra [T, K, X] per-slot
+    columns of a neuron option)."""
     T, K = ids.shape
-    E = theta.shape[0]
-    z = torch.cat([feats, feats.new_ones(T, 1)], 1)  # [T, F+1]
-    yhat = torch.einsum("tf,tkf->tk", z, theta[ids])  # [T, K]
+    E, F = theta.shape[0], feats.shape[1]
+    th = theta[ids]  # [T, K, F+X+1]
+    yhat = torch.einsum("tf,tkf->tk", feats, th[..., :F]) + th[..., -1]  # [T, K]
+    if extra is not None:
+        yhat = yhat + (extra * th[..., F:-1]).sum(-1)
     y = torch.log(norms + LOG_EPS)  # [T, K]
     c_true = w.float().square() * norms.square()  # [T, K]
     c_pred = w.float().square() * torch.exp(2 * yhat)  # [T, K]
@@ -135,6 +182,40 @@ def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets) -> dic
     return out
 
 
+def summarise(layers: dict, options: list[str], budgets) -> dict:
+    """Per option, means over layers: r2 (and min/max), spearman_cost, energy_pred@M, energy_oracle@M,
+    and gap_closed@M = (energy_pred - linear's) / (oracle - linear's) when linear was run."""
+    out = {}
+    for o in options:
+        rows = [layers[j][o] for j in layers]
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        s = {"r2": mean["r2"], "r2_min": min(r["r2"] for r in rows),
+             "r2_max": max(r["r2"] for r in rows), "spearman_cost": mean["spearman_cost"],
+             "spearman_min": min(r["spearman_cost"] for r in rows)}
+        for m in budgets:
+            s[f"energy_pred@{m}"], s[f"energy_oracle@{m}"] = mean[f"energy_pred@{m}"], mean[f"energy_oracle@{m}"]
+        out[o] = s
+    if "linear" in out:
+        for s in out.values():
+            for m in budgets:
+                lin, orc = out["linear"][f"energy_pred@{m}"], s[f"energy_oracle@{m}"]
+                s[f"gap_closed@{m}"] = (s[f"energy_pred@{m}"] - lin) / (orc - lin) if orc > lin else None
+    return out
+
+
+def print_summary(result: dict, budgets) -> None:
+    """One line per option: mean R^2, Spearman, retained energy vs the oracle at M = 2k, gap closed."""
+    m = budgets[1] if len(budgets) > 1 else budgets[0]
+    print(f"{'option':16s} {'r2':>6s} {'spear':>6s} {'E@' + str(m):>7s} {'oracle':>7s} {'gap':>6s} "
+          f"{'bytes/expert':>12s}")
+    for o, s in result["summary"].items():
+        gap = s.get(f"gap_closed@{m}")
+        frac = result["cost"][o].get("expert_bytes_fraction")
+        print(f"{o:16s} {s['r2']:6.3f} {s['spearman_cost']:6.3f} {s[f'energy_pred@{m}']:7.4f} "
+              f"{s[f'energy_oracle@{m}']:7.4f} {'' if gap is None else f'{gap:6.2f}':>6s} "
+              f"{'' if frac is None else f'{frac:.4f}':>12s}")
+
+
 def run(args) -> int:
     from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
     from base_sglang.calibration.pipeline import split_windows
@@ -144,13 +225,19 @@ def run(args) -> int:
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     for o in options:
-        if o not in OPTIONS:
-            raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS}")
+        if o not in OPTIONS and neuron_spec(o) is None:
+            raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS} or "
+                             f"neuronR / neuronR_only / nenergyR / nenergyR_only (R neurons)")
     t0 = time.time()
     model, tok = load_model(args.model, "cpu", "float32")
     blocks = find_moe_blocks(model, require=True)
     desc = describe_model_config(model.config)
     E, K, H = int(desc["num_experts"]), int(desc["top_k"]), int(desc["hidden_size"])
+    I = int(blocks[min(blocks)].experts.gate_up_proj.shape[1]) // 2  # noqa: E741
+    r_max = max([neuron_spec(o)[1] for o in options if neuron_spec(o)] or [0])
+    if r_max > I:
+        raise ValueError(f"options: neuron options need R <= the expert intermediate size {I}, "
+                         f"got {r_max}")
     cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,
                             heldout_every=args.heldout_every)
     docs = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
@@ -158,8 +245,10 @@ def run(args) -> int:
     fit, held = collect(model, blocks, fit_w), collect(model, blocks, held_w)
     budgets = cfg.budgets_for(E, K)
     gen = torch.Generator().manual_seed(0)
-    result = {"layers": {}, "cost": {o: serving_cost(o, H, E, K) for o in options},
-              "cost_qwen3_30b_a3b": {o: serving_cost(o, 2048, 128, 8) for o in options}}
+    q = QWEN3_30B_A3B
+    result = {"layers": {}, "cost": {o: serving_cost(o, H, E, K, I) for o in options},
+              "cost_qwen3_30b_a3b": {o: serving_cost(o, q["H"], q["E"], q["K"], q["I"])
+                                     for o in options}}
     for j in sorted(blocks):
         z, lg, w, ids, norms = fit[j]
         tok_idx = torch.arange(z.shape[0]).repeat_interleave(K)  # [T*K]
@@ -167,22 +256,46 @@ def run(args) -> int:
         centred = z.float() - z.float().mean(0)
         pcs = torch.linalg.svd(centred, full_matrices=False).Vh  # [H, H] principal directions
         result["layers"][str(j)] = {}
+        hz, hlg, hw, hids, hn = held[j]
+        neuron_cols = {}  # (kind, r) -> (fit column [T*K, 1], held column [T', K, 1])
+        if r_max:
+            ex = blocks[j].experts
+            gu, dn, act = ex.gate_up_proj.detach(), ex.down_proj.detach(), ex.act_fn
+            sel = select_neurons(z, ids, gu, dn, r_max, act, args.neuron_rule)  # [E, r_max]
+            for r in sorted({neuron_spec(o)[1] for o in options if neuron_spec(o)}):
+                fp, fq = neuron_features(z, ids, gu, dn, sel[:, :r], act)  # [T, K] each
+                hp, hq = neuron_features(hz, hids, gu, dn, sel[:, :r], act)
+                neuron_cols[("neuron", r)] = (fp.reshape(-1, 1), hp[..., None])
+                neuron_cols[("nenergy", r)] = (fq.reshape(-1, 1), hq[..., None])
         for o in options:
+            spec = neuron_spec(o)
+            if spec is not None:
+                fcol, hcol = neuron_cols[spec[:2]]
+                theta = ridge(features(o, z, lg, None), y, e, tok_idx, E, cfg.ridge, fcol)
+                result["layers"][str(j)][o] = layer_metrics(
+                    theta, features(o, hz, hlg, None), hw, hids, hn, cfg.seq_len, args.batch_size,
+                    budgets, hcol)
+                continue
             r = int("".join(c for c in o if c.isdigit()) or 0)
             proj = (pcs[:r] if o.startswith("quad") else
                     torch.randn(r, H, generator=gen) * 2 / math.sqrt(H)) if r else None
             theta = ridge(features(o, z, lg, proj), y, e, tok_idx, E, cfg.ridge)
-            hz, hlg, hw, hids, hn = held[j]
             result["layers"][str(j)][o] = layer_metrics(theta, features(o, hz, hlg, proj), hw, hids,
                                                         hn, cfg.seq_len, args.batch_size, budgets)
         print(j, {o: round(v["r2"], 3) for o, v in result["layers"][str(j)].items()}, flush=True)
+    result["summary"] = summarise(result["layers"], options, budgets)
     result["meta"] = {"model": Path(args.model).resolve().name, "command": "predictor_study " +
                       " ".join(args.argv), "fit_windows": len(fit_w), "heldout_windows": len(held_w),
                       "batch_size": args.batch_size, "budgets": list(budgets),
+                      "shape": {"H": H, "E": E, "K": K, "I": I},
+                      "neuron_rule": f"{args.neuron_rule}: S_u = top-R "
+                      f"{'mean' if args.neuron_rule == 'energy' else 'variance'} of h_j^2 ||d_j||^2 "
+                      "over the fit rows routed to u",
                       "seconds": round(time.time() - t0, 1), **environment()}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
+    print_summary(result, budgets)
     print(f"wrote {out} in {time.time() - t0:.0f} s")
     return 0
 

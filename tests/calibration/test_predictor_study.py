@@ -37,3 +37,82 @@ def test_serving_cost_formulas():
                                                     "bytes_per_layer": 2 * 128 * 2049}
     q = serving_cost("quad32", 2048, 128, 8)
     assert q["features"] == 2048 + 528 and q["macs_per_token"] == 32 * 2048 + 8 * 2576 + 1024
+
+
+def test_neuron_features_all_neurons_are_the_expert():
+    """With S = every neuron the partial output is the expert's output; energy drops cross terms."""
+    import torch
+
+    from base_sglang.calibration.neuron_features import neuron_features, select_neurons
+    from base_sglang.core.moe_ref import expert_outputs
+
+    g = torch.Generator().manual_seed(0)
+    E, I, H, T, K = 4, 6, 8, 10, 2  # noqa: E741
+    gu, dn = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
+    z = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    act = torch.nn.functional.silu
+    sel = select_neurons(z, ids, gu, dn, I, act)
+    assert sorted(sel[ids[0, 0]].tolist()) == list(range(I))
+    logp, logq = neuron_features(z, ids, gu, dn, sel, act)
+    full = expert_outputs(z, ids, gu, dn).norm(dim=-1)  # [T, K]
+    assert torch.allclose(logp, torch.log(full + 1e-6), atol=1e-4)
+    # one neuron: the partial output is h_j d_j, so its norm^2 equals the energy term exactly
+    p1, q1 = neuron_features(z, ids, gu, dn, sel[:, :1], act)
+    assert torch.allclose(2 * p1, q1, atol=1e-3)
+    # the top-1 neuron has the largest mean h_j^2 ||d_j||^2 over the rows routed to its expert
+    u = int(ids[0, 0])
+    rows = z[(ids == u).any(1)]
+    gate, up = (rows @ gu[u].T).chunk(2, -1)
+    score = (act(gate) * up).square().mean(0) * dn[u].square().sum(0)
+    assert int(sel[u, 0]) == int(score.argmax())
+    with pytest.raises(ValueError, match="neurons: r must be"):
+        select_neurons(z, ids, gu, dn, I + 1, act)
+
+
+def test_neuron_options_run_and_full_subset_is_exact(tiny_ckpt, tiny_data, tmp_path):
+    ckpt = tiny_ckpt("qwen3_moe")  # expert intermediate size 16
+    assert main(["--model", str(ckpt), "--data", str(tiny_data), "--out", str(tmp_path / "n"),
+                 "--options", "linear,neuron4,nenergy4_only,neuron16_only", "--batch-size", "4",
+                 *ARGS]) == 0
+    res = json.loads((tmp_path / "n.json").read_text())
+    for opts in res["layers"].values():
+        assert opts["neuron16_only"]["r2"] == pytest.approx(1.0, abs=1e-3)  # S = all: y = log||P||
+        assert opts["neuron16_only"]["energy_pred@2"] == pytest.approx(opts["linear"]["energy_oracle@2"],
+                                                                      abs=1e-4)
+        assert -10 < opts["neuron4"]["r2"] <= 1
+    s = res["summary"]
+    assert s["linear"]["gap_closed@2"] == 0 and s["neuron16_only"]["gap_closed@2"] == pytest.approx(1, abs=1e-3)
+    assert main(["--model", str(ckpt), "--data", str(tiny_data), "--out", str(tmp_path / "x"),
+                 "--options", "neuron32", *ARGS]) == 2
+
+
+def test_neuron_serving_cost():
+    c = serving_cost("neuron16", 2048, 128, 8, 768)
+    per = 2 * 16 * 2048 + 2048 * 16
+    assert c["macs_per_token"] == 8 * (per + 2049) and c["bytes_per_layer"] == 2 * 128 * (per + 2050)
+    assert c["expert_bytes_fraction"] == pytest.approx(16 / 768, abs=1e-5)
+    o = serving_cost("nenergy8_only", 256, 64, 8, 64)
+    assert o["features"] == 1 and o["bytes_per_layer"] == 2 * 64 * (2 * 8 * 256 + 8 + 2)
+    with pytest.raises(ValueError, match="intermediate size"):
+        serving_cost("neuron4", 256, 64, 8)
+
+
+def test_neuron_rule_var_picks_the_most_variable_energy():
+    import torch
+
+    from base_sglang.calibration.neuron_features import select_neurons
+
+    g = torch.Generator().manual_seed(1)
+    E, I, H, T = 2, 5, 6, 40  # noqa: E741
+    gu, dn = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
+    z = torch.randn(T, H, generator=g)
+    ids = torch.zeros(T, 1, dtype=torch.long)  # every row routed to expert 0
+    act = torch.nn.functional.silu
+    gate, up = (z @ gu[0].T).chunk(2, -1)
+    c = (act(gate) * up).square() * dn[0].square().sum(0)  # [T, I]
+    assert select_neurons(z, ids, gu, dn, I, act, "var")[0].tolist() == c.var(0, correction=0).argsort(
+        descending=True).tolist()
+    assert select_neurons(z, ids, gu, dn, 2, act)[0].tolist() == c.mean(0).topk(2).indices.tolist()
+    with pytest.raises(ValueError, match="neuron_rule"):
+        select_neurons(z, ids, gu, dn, 2, act, "random")
