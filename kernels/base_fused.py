@@ -112,6 +112,34 @@ def _unpack(key, ID_BITS: tl.constexpr):
 
 
 @triton.jit
+def combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, slots, alpha,
+                 COMBINE: tl.constexpr):
+    """Combine weights [BT, KK] of the selected rows (base_select's rule, rows at once).
+
+    new / ids_t: selected and routed ids; ok: filled slots of new; p_new: router p of new's experts
+    (0 where not ok); is_own / w_own: slots holding a routed expert and its routed weight; w_t, p_k:
+    the routed weights and p; slots: the real (row, slot) entries. COMBINE 0 "always" (renormalise
+    to the routed total W), 1 "never" (backfilled: p * W / sum p_routed), 2 "partial" (never's times
+    (W / their sum) ** alpha). A row whose ids did not change keeps w_t bit-exactly."""
+    total_w = tl.sum(tl.where(slots, w_t, 0.0), axis=1)  # [BT]
+    if COMBINE == 0:  # "always"
+        p_sum = tl.sum(tl.where(ok, p_new, 0.0), axis=1)
+        new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
+    else:  # "never", then "partial" rescales by (W / sum) ** alpha
+        total_p = tl.sum(tl.where(slots, p_k, 0.0), axis=1)
+        new_w = tl.where(is_own, w_own, p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
+        if COMBINE == 2:
+            total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
+            ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
+            safe = tl.where(ratio > 0.0, ratio, 1.0)
+            scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
+                             tl.where(alpha == 0.0, 1.0, 0.0))
+            new_w = new_w * scale[:, None]
+    unchanged = tl.sum(((new != ids_t) & slots).to(tl.int32), axis=1) == 0  # [BT]
+    return tl.where(unchanged[:, None], w_t, new_w)
+
+
+@triton.jit
 def _base_fused_kernel(
     hidden_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, a_ptr, b_ptr, table_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, union_ptr, in_s_ptr, counts_ptr, removed_ptr, bar_ptr,
@@ -243,23 +271,7 @@ def _base_fused_kernel(
             is_own = kept
 
         ok = (new >= 0) & kmask[None, :]  # [BT, KK]
-        total_w = tl.sum(w_t, axis=1)  # [BT]
-        if COMBINE == 0:  # "always"
-            p_sum = tl.sum(tl.where(ok, p_new, 0.0), axis=1)
-            new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
-        else:  # "never", then "partial" rescales by (W / sum) ** alpha
-            total_p = tl.sum(p_k, axis=1)
-            new_w = tl.where(is_own, w_own,
-                             p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
-            if COMBINE == 2:
-                total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
-                ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
-                safe = tl.where(ratio > 0.0, ratio, 1.0)
-                scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
-                                 tl.where(alpha == 0.0, 1.0, 0.0))
-                new_w = new_w * scale[:, None]
-        unchanged = tl.sum(((new != ids_t) & kmask[None, :]).to(tl.int32), axis=1) == 0  # [BT]
-        new_w = tl.where(unchanged[:, None], w_t, new_w)
+        new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE)
         keep = ok & real[:, None]
         new = tl.where(keep, new, -1)
         new_w = tl.where(keep, new_w, 0.0)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from base_sglang.kernels.base_fused import ID_BITS, SENTINEL, _packed, _unpack
+from base_sglang.kernels.base_fused import ID_BITS, SENTINEL, _packed, _unpack, combine_rows
 from base_sglang.kernels.base_select import COMBINE_MODES, check_combine, check_table, layer_budget
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
@@ -162,23 +162,7 @@ def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, k
         p_new = tl.where(ok, p_k, 0.0)
         is_own = ok
         w_own = w_t
-    total_w = tl.sum(tl.where(m2, w_t, 0.0), axis=1)  # [BT]
-    if COMBINE == 0:  # "always"
-        p_sum = tl.sum(p_new, axis=1)
-        new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
-    else:  # "never", then "partial" rescales by (W / sum) ** alpha
-        total_p = tl.sum(p_k, axis=1)
-        new_w = tl.where(is_own, w_own,
-                         p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
-        if COMBINE == 2:
-            total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
-            ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
-            safe = tl.where(ratio > 0.0, ratio, 1.0)
-            scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),
-                             tl.where(alpha == 0.0, 1.0, 0.0))
-            new_w = new_w * scale[:, None]
-    unchanged = tl.sum(((new != ids_t) & m2).to(tl.int32), axis=1) == 0  # [BT]
-    new_w = tl.where(unchanged[:, None], w_t, new_w)
+    new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE)
     return new, new_w, ok
 
 

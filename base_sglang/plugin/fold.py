@@ -15,8 +15,8 @@ import logging
 
 import torch
 
-from base_sglang.core import Predictor, SelectionConfig
-from base_sglang.core.routing import fold_router
+from base_sglang.core import Predictor, SelectionConfig, select_experts
+from base_sglang.core.routing import fold_router, route_select
 
 from .compat import shared_topk_columns
 
@@ -81,3 +81,31 @@ def fold_gates(model, predictor: Predictor, config: SelectionConfig, server_args
     log.info("BASE: predictor folded into %d router GEMMs; %d MoE blocks left unfolded%s", folded,
              len(left), f" ({next(iter(left.values()))})" if left else "")
     return left
+
+
+def folded_topk(st, topk, hidden_states, logits, yhat):
+    """The router's top-k + BASE of a folded block in a decode step, from its gate's two halves
+    ([T, E] each; st = plugin.state.STATE): the StandardTopKOutput SGLang's TopK would return."""
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    n, E = logits.shape
+    layer, cfg = topk.layer_id, topk.topk_config
+    k, renorm = cfg.top_k, cfg.renormalize
+    budget = st.budget[:n]
+    if not logits.is_cuda or st.select is select_experts:  # the torch core (CPU, BASE_KERNELS=off)
+        sel, _, _ = route_select(logits, yhat, budget, layer, st.selection, st.predictor, top_k=k,
+                                 norm_topk_prob=renorm)
+    else:
+        from base_sglang.kernels import base_route_select, route_select_experts, route_wins
+
+        if route_wins(n, E):  # one launch: top-k + selection
+            sel = route_select_experts(logits, yhat, budget, layer, st.selection, st.predictor,
+                                       top_k=k, norm_topk_prob=renorm)
+        else:  # our top-k launch (reads the strided logits), then the unfolded selection
+            ids, w, _, _ = base_route_select(logits, None, None, budget, top_k=k, renormalize=renorm)
+            sel = st.select(logits, ids, w, hidden_states, budget, layer, st.selection,
+                            st.predictor, norm_topk_prob=renorm)
+    st.record(st.predictor.slot(layer), sel.stats.num_union, sel.stats.num_kept)
+    if st.sel_trace is not None:
+        st.sel_trace.keep(st.predictor.slot(layer), sel.ids, sel.weights)
+    return StandardTopKOutput(topk_weights=sel.weights, topk_ids=sel.ids, router_logits=logits)

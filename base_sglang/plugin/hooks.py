@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from base_sglang.core import Predictor, PredictorMismatch, SelectionConfig, select_experts
+from base_sglang.core import Predictor, PredictorMismatch, SelectionConfig
 from base_sglang.core.predictor import describe_model_config
 
 from . import state
@@ -144,13 +144,15 @@ def around_forward_raw(original, runner, forward_batch, *args, **kwargs):
 
 def around_topk(original, topk, hidden_states, router_logits, *args, **kwargs):
     """TopK.forward_{cuda,native,cpu} AROUND. A folded block's gate (plugin/fold.py) returns
-    [T, 2E]: in BASE decode steps its routing and selection run from those columns (_folded_topk);
+    [T, 2E]: in BASE decode steps its routing and selection run from those columns (fold.folded_topk);
     otherwise SGLang's top-k gets the logits, then BASE edits its output (after_topk)."""
     E = getattr(topk, "base_fold", 0)
     if E and router_logits.shape[-1] == 2 * E:
         logits, yhat = router_logits[:, :E], router_logits[:, E:]
         if state.STATE.active and _standard_format(topk):
-            return _folded_topk(topk, hidden_states, logits, yhat)
+            from .fold import folded_topk
+
+            return folded_topk(state.STATE, topk, hidden_states, logits, yhat)
         router_logits = logits.contiguous()
     out = original(topk, hidden_states, router_logits, *args, **kwargs)
     new = after_topk(out, topk, hidden_states, router_logits)
@@ -161,36 +163,6 @@ def _standard_format(topk) -> bool:
     """SGLang would return a StandardTopKOutput (not the Triton-kernel or bypassed formats)."""
     fmt = topk.topk_config.output_format
     return fmt is None or fmt.name == "STANDARD"
-
-
-def _folded_topk(topk, hidden_states, logits, yhat):
-    """The router's top-k + BASE of a folded block, from its gate's two halves. [T, E] each."""
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
-
-    from base_sglang.core.routing import route_select
-
-    st = state.STATE
-    n, E = logits.shape
-    layer, cfg = topk.layer_id, topk.topk_config
-    k, renorm = cfg.top_k, cfg.renormalize
-    budget = st.budget[:n]
-    if not logits.is_cuda or st.select is select_experts:  # the torch core (CPU, BASE_KERNELS=off)
-        sel, _, _ = route_select(logits, yhat, budget, layer, st.selection, st.predictor, top_k=k,
-                                 norm_topk_prob=renorm)
-    else:
-        from base_sglang.kernels import base_route_select, route_select_experts, route_wins
-
-        if route_wins(n, E):  # one launch: top-k + selection
-            sel = route_select_experts(logits, yhat, budget, layer, st.selection, st.predictor,
-                                       top_k=k, norm_topk_prob=renorm)
-        else:  # our top-k launch (reads the strided logits), then the unfolded selection
-            ids, w, _, _ = base_route_select(logits, None, None, budget, top_k=k, renormalize=renorm)
-            sel = st.select(logits, ids, w, hidden_states, budget, layer, st.selection,
-                            st.predictor, norm_topk_prob=renorm)
-    st.record(st.predictor.slot(layer), sel.stats.num_union, sel.stats.num_kept)
-    if st.sel_trace is not None:
-        st.sel_trace.keep(st.predictor.slot(layer), sel.ids, sel.weights)
-    return StandardTopKOutput(topk_weights=sel.weights, topk_ids=sel.ids, router_logits=logits)
 
 
 def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
