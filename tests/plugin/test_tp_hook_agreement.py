@@ -1,5 +1,5 @@
 """Two tensor-parallel ranks on CPU (gloo), each an SGLang-like TP worker process that loads the
-installed plugins and runs the real TopK of sglang with BASE's hook (`hooks.after_topk`) inside the
+installed plugins and runs the real TopK of sglang with BASE's hook (`hooks.around_topk`) inside the
 plugin's decode step (harness: base_sglang/testing/tp_sim.py): 300 decode steps of mixed
 per-request budgets and padded rows, then 40 in which rank 1's router input differs in one bit.
 Besides the in-process all-gather check, each rank's plugin writes BASE_SELECTION_TRACE, and
