@@ -57,6 +57,17 @@ def unfoldable(block, predictor: Predictor, config: SelectionConfig) -> str | No
     return None
 
 
+def _router_rows_loader(E: int):
+    def load(param: torch.nn.Parameter, loaded: torch.Tensor, *args, **kwargs) -> None:
+        if tuple(loaded.shape) != (E, param.shape[1]):
+            raise ValueError(f"folded router gate: a weight update of shape {tuple(loaded.shape)}, "
+                             f"expected the router's [{E}, {param.shape[1]}] (BASE_FOLD=off to "
+                             f"load other shapes)")
+        param.data[:E].copy_(loaded)
+
+    return load
+
+
 def fold_gates(model, predictor: Predictor, config: SelectionConfig, server_args=None) -> dict:
     """Stack the predictor under every foldable gate; marks its TopK with `base_fold = E`.
     Returns {layer id: reason} for the MoE blocks left unfolded (empty when all were folded)."""
@@ -76,7 +87,11 @@ def fold_gates(model, predictor: Predictor, config: SelectionConfig, server_args
         gate = module.gate
         stacked = fold_router(gate.weight.data, predictor, topk.layer_id)  # [2E, H]
         gate.weight = torch.nn.Parameter(stacked, requires_grad=False)
-        topk.base_fold = predictor.meta.num_experts
+        E = predictor.meta.num_experts
+        # weight updates (update_weights_from_disk / _tensor) load the router's [E, H] rows: they
+        # land in the first half, the predictor's rows stay
+        gate.weight.weight_loader = _router_rows_loader(E)
+        topk.base_fold = E
         folded += 1
     log.info("BASE: predictor folded into %d router GEMMs; %d MoE blocks left unfolded%s", folded,
              len(left), f" ({next(iter(left.values()))})" if left else "")

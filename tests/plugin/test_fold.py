@@ -87,3 +87,15 @@ def test_fold_setting():
     assert PluginConfig.from_env({"BASE_FOLD": "off"}).fold is False
     with pytest.raises(ValueError, match="BASE_FOLD"):
         PluginConfig.from_env({"BASE_FOLD": "sometimes"})
+
+
+def test_weight_updates_load_the_router_half(base_state):
+    block = Block(seed=5)
+    fold_gates(block, base_state.predictor, base_state.selection)
+    predictor_rows = block.gate.weight[E:].clone()
+    new_router = torch.randn(E, H)
+    block.gate.weight.weight_loader(block.gate.weight, new_router)  # as SGLang's weight updates call it
+    torch.testing.assert_close(block.gate.weight[:E], new_router, rtol=0, atol=0)
+    torch.testing.assert_close(block.gate.weight[E:], predictor_rows, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="BASE_FOLD=off"):
+        block.gate.weight.weight_loader(block.gate.weight, torch.randn(2 * E, H))
