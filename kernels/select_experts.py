@@ -16,6 +16,11 @@ base_plus and base with any renorm mode run here. Other policies, base_sched wit
 layers listed in config.skip_layers and calls with max_error (error-targeted budgets) run the
 core's torch path, which is also fixed-shape and graph-capturable. Missing inputs raise the core's
 errors.
+
+`route_select_experts` is the folded form (core/routing.py): the router's logits and the predictor's
+dot products from one stacked GEMM, the router's top-k and the selection in one launch
+(kernels/base_route.py); `route_wins` says where that launch is the faster one (the plugin's folded
+blocks run the router's top-k launch and base_select_experts elsewhere).
 """
 
 from __future__ import annotations
