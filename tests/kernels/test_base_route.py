@@ -141,3 +141,26 @@ def test_nothing_to_drop_keeps_the_routing():
     assert torch.equal(got.ids.long(), ids)
     assert int(got.stats.num_kept) == int(got.stats.num_union) == len(ids.unique())
     assert float(got.stats.removed_cost) == 0.0
+
+
+@pytest.mark.parametrize("kernel", ["fused", "two"])
+def test_topk_launch_then_the_unfolded_selection_on_strided_logits(kernel, monkeypatch):
+    # what a folded plugin block runs where route_wins is false: our top-k launch on the GEMM's
+    # first E columns (a strided view), then base_select_experts on the same view
+    from base_sglang.core import select_experts
+    from base_sglang.kernels import base_select_experts
+
+    monkeypatch.setenv("BASE_SELECT_KERNEL", kernel)
+    T, E, K, H = 10, 128, 8, 32
+    scores, pred = folded_scores(T, E, H, seed=21)
+    logits = scores[:, :E]
+    assert logits.stride() == (2 * E, 1)
+    z = torch.randn(T, H, generator=torch.Generator().manual_seed(22)).bfloat16().to(DEVICE)
+    budget = torch.tensor([12] * 9 + [-1]).to(DEVICE)
+    ids, w, _, _ = base_route_select(logits, None, None, budget, top_k=K, renormalize=True)
+    cfg = SelectionConfig(policy="base_plus")
+    got = base_select_experts(logits, ids, w, z, budget, 0, cfg, pred, norm_topk_prob=True)
+    want = select_experts(logits.contiguous(), ids.long(), w, z, budget, 0, cfg, pred,
+                          norm_topk_prob=True)
+    assert torch.equal(got.ids.long(), want.ids)
+    torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=1e-6)
