@@ -84,8 +84,7 @@ def after_load_model(result, runner, *args, **kwargs):
     if cfg.fold:  # the predictor's rows under each router's (plugin/fold.py)
         from .fold import fold_gates
 
-        state.STATE.unfolded = fold_gates(runner.model, predictor, state.STATE.selection,
-                                          runner.server_args)
+        fold_gates(runner.model, predictor, state.STATE.selection, runner.server_args)
     log.info("BASE: predictor %s loaded (%d MoE layers, E=%d, policy %s, %s)", cfg.predictor,
              len(predictor.meta.moe_layers), predictor.meta.num_experts, cfg.policy,
              state.STATE.select.__name__)

@@ -45,7 +45,6 @@ class PluginState:
     num_steps: int = 0  # decode forwards since the last stats line
     trace_path: str | None = None  # BASE_STEP_TRACE: one JSON line per decode step (checks only)
     sel_trace: SelectionTrace | None = None  # BASE_SELECTION_TRACE: per-rank digests (TP checks)
-    unfolded: dict = field(default_factory=dict)  # MoE layer -> why its router was not folded
 
     @property
     def enabled(self) -> bool:
