@@ -6,6 +6,9 @@ Every option is a per-(layer, expert) ridge regression of y = log(||E_u(z)|| + 1
 f(z) of the MoE-layer input z (same rows, lambda rule and calibration windows as base-calibrate; fitted on
 the calibration split's fit windows, scored on its held-out windows):
   linear  f = z                                         (the shipped predictor)
+  linear_w1 / linear_w2 / linear_wc   f = z, each routed pair weighted in the fit by its router weight
+          w, by w^2, or by its true removal cost w^2 ||E_u||^2 (normalised per expert): the same
+          serving cost as linear, a fit aimed at the pairs the selection's score is made of
   router  f = [z, logsumexp(router logits), log ||z||]  (what the router already has, beyond W_r z)
   diag2   f = [z, z * z]
   quadR   f = [z, upper triangle of s s^T], s = P z, P = top-R principal directions of z (shared)
@@ -41,7 +44,9 @@ from base_sglang.calibration.config import CalibrationConfig, run_cli
 from base_sglang.calibration.fit import spearman, top_m_mask
 from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
 
-OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256")
+OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256", "linear_w1", "linear_w2",
+           "linear_wc")
+SAMPLE_WEIGHTED = {"linear_w1", "linear_w2", "linear_wc"}
 QWEN3_30B_A3B = dict(H=2048, E=128, K=8, I=768)
 
 
@@ -74,7 +79,7 @@ def features(option: str, z: torch.Tensor, logits: torch.Tensor, proj: torch.Ten
     spec = neuron_spec(option)
     if spec is not None:
         return z[:, :0] if spec[2] else z
-    if option == "linear":
+    if option == "linear" or option in SAMPLE_WEIGHTED:
         return z
     if option == "router":
         lse = torch.logsumexp(logits.float(), 1, keepdim=True)  # [T, 1]
@@ -107,8 +112,9 @@ def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> d
         return {"features": lin - 1, "macs_per_token": K * (neuron + lin - 1),
                 "bytes_per_layer": 2 * E * (neuron + lin),
                 "expert_bytes_fraction": round(neuron / (3 * I * H), 5)}
-    R = int("".join(c for c in option if c.isdigit()) or 0)
-    extra = {"linear": 0, "router": 2, "diag2": H}.get(option)
+    R = 0 if option in SAMPLE_WEIGHTED else int("".join(c for c in option if c.isdigit()) or 0)
+    extra = {"linear": 0, "router": 2, "diag2": H}.get("linear" if option in SAMPLE_WEIGHTED
+                                                       else option)
     if extra is None:
         extra = R * (R + 1) // 2 if option.startswith("quad") else R
     shared = R * H if R else 0  # the shared projection P z, once per token
@@ -117,10 +123,12 @@ def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> d
 
 
 def ridge(feats: torch.Tensor, y: torch.Tensor, e: torch.Tensor, tok: torch.Tensor, E: int,
-          lam_rel: float, extra: torch.Tensor | None = None) -> torch.Tensor:
+          lam_rel: float, extra: torch.Tensor | None = None,
+          sample_w: torch.Tensor | None = None) -> torch.Tensor:
     """theta [E, F+X+1] of the per-expert ridge on rows [f(z_t), extra_slot, 1] (lambda = lam_rel
-    tr(Z^T Z) / F on the F token features; the X per-slot columns extra [T*K, X] and the bias are
-    not penalised)."""
+    tr(Z^T W Z) / F on the F token features; the X per-slot columns extra [T*K, X] and the bias are
+    not penalised). sample_w [T*K]: per-row weights of the squared errors (None: all 1); each
+    expert's weights are scaled to mean 1, so lambda keeps its meaning."""
     F = feats.shape[1]
     X = 0 if extra is None else extra.shape[1]
     theta = torch.zeros(E, F + X + 1, dtype=torch.float64)
@@ -132,10 +140,12 @@ def ridge(feats: torch.Tensor, y: torch.Tensor, e: torch.Tensor, tok: torch.Tens
         parts = [feats[tok[sel]]] + ([extra[sel]] if X else [])
         zu = torch.cat([*parts, feats.new_ones(int(sel.sum()), 1)], 1).double()  # [n, F+X+1]
         yu = y[sel].double()  # [n]
-        a = zu.T @ zu  # [F+X+1, F+X+1]
+        su = torch.ones_like(yu) if sample_w is None else sample_w[sel].double()
+        su = su / su.mean().clamp_min(1e-30)  # [n] mean 1 per expert
+        a = (zu * su[:, None]).T @ zu  # [F+X+1, F+X+1]
         if F:
             a[:F, :F] += lam_rel * a[:F, :F].diagonal().sum() / F * torch.eye(F, dtype=torch.float64)
-        theta[u] = torch.linalg.lstsq(a, (zu.T @ yu)[:, None]).solution[:, 0]
+        theta[u] = torch.linalg.lstsq(a, ((zu * su[:, None]).T @ yu)[:, None]).solution[:, 0]
     return theta.float()
 
 
@@ -276,10 +286,15 @@ def run(args) -> int:
                     theta, features(o, hz, hlg, None), hw, hids, hn, cfg.seq_len, args.batch_size,
                     budgets, hcol)
                 continue
-            r = int("".join(c for c in o if c.isdigit()) or 0)
+            r = 0 if o in SAMPLE_WEIGHTED else int("".join(c for c in o if c.isdigit()) or 0)
             proj = (pcs[:r] if o.startswith("quad") else
                     torch.randn(r, H, generator=gen) * 2 / math.sqrt(H)) if r else None
-            theta = ridge(features(o, z, lg, proj), y, e, tok_idx, E, cfg.ridge)
+            sw = None
+            if o in SAMPLE_WEIGHTED:  # [T*K] per-pair weight of the fit
+                wf = w.float().reshape(-1)
+                sw = {"linear_w1": wf, "linear_w2": wf.square(),
+                      "linear_wc": wf.square() * norms.float().reshape(-1).square()}[o]
+            theta = ridge(features(o, z, lg, proj), y, e, tok_idx, E, cfg.ridge, sample_w=sw)
             result["layers"][str(j)][o] = layer_metrics(theta, features(o, hz, hlg, proj), hw, hids,
                                                         hn, cfg.seq_len, args.batch_size, budgets)
         print(j, {o: round(v["r2"], 3) for o, v in result["layers"][str(j)].items()}, flush=True)

@@ -116,3 +116,25 @@ def test_neuron_rule_var_picks_the_most_variable_energy():
     assert select_neurons(z, ids, gu, dn, 2, act)[0].tolist() == c.mean(0).topk(2).indices.tolist()
     with pytest.raises(ValueError, match="neuron_rule"):
         select_neurons(z, ids, gu, dn, 2, act, "random")
+
+
+def test_sample_weights_of_the_ridge():
+    # equal weights are the unweighted fit; a zero weight removes its row from the fit
+    import torch
+
+    from base_sglang.calibration.predictor_study import ridge
+
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(40, 3, generator=g)  # [T, F]
+    e = torch.randint(0, 2, (40,), generator=g)  # one slot per token: rows are tokens
+    y = torch.randn(40, generator=g)
+    tok = torch.arange(40)
+    plain = ridge(feats, y, e, tok, 2, 0.1)
+    torch.testing.assert_close(ridge(feats, y, e, tok, 2, 0.1, sample_w=torch.full((40,), 3.0)),
+                               plain, rtol=1e-5, atol=1e-6)
+    keep = torch.arange(40) != 7
+    assert not torch.allclose(ridge(feats, y, e, tok, 2, 0.1, sample_w=keep.float()), plain)
+    # lambda follows the weights' scale (mean 1 per expert), so compare the unregularised fits
+    torch.testing.assert_close(ridge(feats, y, e, tok, 2, 0.0, sample_w=keep.float()),
+                               ridge(feats[keep], y[keep], e[keep], torch.arange(39), 2, 0.0),
+                               rtol=1e-4, atol=1e-5)
