@@ -25,7 +25,8 @@
 11. The folded router (base_route_select: softmax top-k + BASE in one launch from one GEMM's
    [T, 2E] output) == core.routing.route_select at the three shapes, T in {1, 16, 64}, every
    budget kind above, base and base_plus, backfill on/off, int32 ids; 50 repeated calls bitwise
-   equal; a CUDA graph of GEMM + route-select replayed with changed budgets == eager.
+   equal; a CUDA graph of GEMM + route-select replayed with changed budgets == eager; the tile
+   variants the sweep found faster (check_route_tiles) == the core.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
@@ -493,6 +494,35 @@ def check_route() -> None:
             record(f"route_repeat/{shape}/T={T}", same, calls=50)
 
 
+def check_route_tiles() -> None:
+    """The tile variants the sweep found faster (sweep_route.json) == the core, before any of them
+    becomes a default: BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k."""
+    from base_sglang.core.routing import route_select
+    from base_sglang.kernels import route_select_experts
+
+    shape = "qwen3-30b-a3b"
+    s = SHAPES[shape]
+    E, K = s["E"], s["K"]
+    for T, tiles in ((1, "1,1,1"), (1, "2,1,1"), (8, "8,8,1"), (16, "4,16,1"), (16, "8,16,1")):
+        w2, z, pred = route_case(shape, T, seed=T + 100)
+        scores = z @ w2.T
+        logits, yhat = scores[:, :E], scores[:, E:]
+        bad = []
+        os.environ["BASE_ROUTE_TILES"] = tiles
+        try:
+            for bname, bud in budgets(T, E, K).items():
+                cfg = SelectionConfig(policy="base_plus")
+                kw = dict(top_k=K, norm_topk_prob=s["norm_topk_prob"])
+                ref, _, _ = route_select(logits, yhat, bud, 0, cfg, pred, **kw)
+                got = route_select_experts(logits, yhat, bud, 0, cfg, pred, **kw)
+                if not (torch.equal(ref.ids, got.ids.long())
+                        and (ref.weights.float() - got.weights).abs().max().item() <= 1e-5):
+                    bad.append(bname)
+        finally:
+            os.environ.pop("BASE_ROUTE_TILES", None)
+        record(f"route_tiles/{shape}/T={T}/{tiles}", not bad, failures=bad)
+
+
 def check_route_graph() -> None:
     from base_sglang.kernels import route_select_experts
 
@@ -542,7 +572,7 @@ def main() -> int:
     elif args.only == "moe":
         checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "route":
-        checks = [check_route, check_route_graph, check_sched]
+        checks = [check_route, check_route_graph, check_route_tiles, check_sched]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs

@@ -22,7 +22,7 @@ status=0
 for part in $PARTS; do
     case "$part" in
         check) echo "=== checks (route, sched)"
-            timeout -k 10 ${CHECK_S:-130} python3 benchmarks/check_kernels_gpu.py --only route --out "$OUT" \
+            timeout -k 10 ${CHECK_S:-240} python3 benchmarks/check_kernels_gpu.py --only route --out "$OUT" \
                 > "$OUT/check.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
