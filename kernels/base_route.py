@@ -18,8 +18,11 @@ The predictor of BASE is linear in the MoE input z, like the router, so one GEMM
              weights as base_select (combine "always" / "never" / "partial"), a row whose ids did
              not change keeps its routed weights bit-exactly; padded rows: ids -1, weights 0.
 Every program recomputes D from all T rows (a few exps per element of a [T, E] tile) and then
-builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. SELECT=False is the
-router's top-k alone (the dense routing), the baseline this launch replaces.
+builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. When one block holds
+every row and M >= the union, nothing can be dropped: the routing is returned as it is, without D.
+SELECT=False is the router's top-k alone (the dense routing), the baseline this launch replaces.
+Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
+tl.topk, or K max-reductions (ITER).
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
