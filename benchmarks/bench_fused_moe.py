@@ -11,6 +11,10 @@ executed ids from skewed synthetic routing (kernel_common.make_routing); then
              align (T*K <= 64 and E + 1 > 64 buckets: its single-CTA kernel on torch.empty buffers,
              as moe_align_block_size does); elsewhere SGLang's align is a CUDA JIT kernel that does
              not load here, and the column is empty. Ours always includes our align.
+  sglang_cuda_align_us  with --sgl-kernel-site (a site dir holding sgl_kernel, e.g. the device
+             bundle's /tmp/sgl-bundle/site): SGLang with sgl_kernel's CUDA moe_align_block_size
+             inside its time, at every T, as SGLang 0.5.17 runs it (rel_diff_cuda_align: its output
+             against the align-outside run)
   floor_us   experts read x bytes per expert / device copy bandwidth measured in this run
              (eager D2D copy, bytes read + written per second)
 Times: median of CUDA-graph replays of 10 calls, rotating over 3 copies of the weights so consecutive
@@ -95,6 +99,9 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,8,16,32,64,128")
     ap.add_argument("--sglang-root", default="", help="unpacked sglang 0.5.23 wheel (optional)")
+    ap.add_argument("--sgl-kernel-site", default="",
+                    help="a site dir with sgl_kernel (the device bundle's): also time SGLang with "
+                         "its CUDA align inside (sglang_cuda_align_us)")
     ap.add_argument("--no-tune", action="store_true")
     args = ap.parse_args()
     tokens = [int(x) for x in args.tokens.split(",")]
@@ -103,7 +110,7 @@ def main() -> int:
         try:
             from sglang_triton_moe import SglangMoe
 
-            sgl = SglangMoe(args.sglang_root)
+            sgl = SglangMoe(args.sglang_root, args.sgl_kernel_site)
         except Exception:
             traceback.print_exc()
     bw = copy_bandwidth_gbs()
@@ -179,6 +186,15 @@ def main() -> int:
                                             sgl.align_as_sglang(ids, E, bm))))
                             row.update(sglang_align_us=round(t_sa, 2),
                                        ours_over_sglang_align=round(ours / t_sa, 3))
+                        if sgl.cuda_align is not None:  # SGLang's CUDA align inside its time
+                            y_c = sgl.forward(hidden, gus[0], dns[0], w, ids, scfg,
+                                              sgl.align_cuda(ids, E, bm))
+                            t_ca = graph_time_us(rotating(
+                                lambda i, x=hidden, ids=ids, w=w, c=scfg, gu=gus, dn=dns, E=E, bm=bm:
+                                sgl.forward(x, gu[i], dn[i], w, ids, c, sgl.align_cuda(ids, E, bm))))
+                            row.update(sglang_cuda_align_us=round(t_ca, 2),
+                                       ours_over_sglang_cuda_align=round(ours / t_ca, 3),
+                                       rel_diff_cuda_align=f"{((y_c.float() - y_s.float()).norm() / y_s.float().norm()).item():.1e}")
                     rows.append(row)
                     print(f"{shape:14} {T:>4} {row['M']!s:>6} {n_read:>4} {floor_us:>8.1f} {ours:>8.1f} "
                           f"{ours / floor_us:>7.2f} {row.get('sglang_us', float('nan')):>8.1f} "

@@ -2,7 +2,9 @@
 #   map_package           base_sglang.kernels/.server/.calibration importable without an install:
 #                         a package of symlinks (kernels/, server/, calibration/ mapped into it) on
 #                         PYTHONPATH; exports PKG (its folder, empty when already installed)
-#   unpack_sglang_wheel   SGLang 0.5.23's Triton MoE files from .whl/ to /tmp/sglang_whl
+#   unpack_sglang_wheel   SGLang 0.5.23's Triton MoE files from .whl/ to /tmp/sglang_whl (from
+#                         .whl/sglang-0.5.23-moe.tar.gz when present: those files alone, built from
+#                         the wheel by benchmarks/gpu/moe_files_tarball.py)
 #   kernel_run_env DIR    the kernel scripts' setup: OUT (default DIR) created, PYTHONUNBUFFERED and
 #                         BASE_COMMIT exported (pass BASE_COMMIT: the device's git is stale),
 #                         ROOT = the repository root, then map_package
@@ -22,12 +24,18 @@ map_package() {
 
 unpack_sglang_wheel() {
     python3 - <<'PY'
-import glob, zipfile
-z = zipfile.ZipFile(glob.glob(".whl/sglang-0.5.23-*.whl")[0])
-names = [n for n in z.namelist() if n.startswith(("sglang/kernels/ops/moe/",
-                                                  "sglang/srt/layers/moe/moe_runner/triton_utils/"))]
-z.extractall("/tmp/sglang_whl", names)
-print(len(names), "files unpacked from the sglang wheel")
+import glob, tarfile, zipfile
+small = glob.glob(".whl/sglang-0.5.23-moe.tar.gz")  # those files alone (0.2 MB: carry it with a bundle)
+if small:
+    with tarfile.open(small[0]) as t:
+        t.extractall("/tmp/sglang_whl")
+        print(len(t.getnames()), "files unpacked from", small[0])
+else:
+    z = zipfile.ZipFile(glob.glob(".whl/sglang-0.5.23-*.whl")[0])
+    names = [n for n in z.namelist() if n.startswith(("sglang/kernels/ops/moe/",
+                                                      "sglang/srt/layers/moe/moe_runner/triton_utils/"))]
+    z.extractall("/tmp/sglang_whl", names)
+    print(len(names), "files unpacked from the sglang wheel")
 PY
 }
 

@@ -72,11 +72,14 @@ def dense_table(rows: list[dict]) -> str:
     for r in rows:
         if r["M"] != "dense" or "sglang_us" not in r:
             continue
-        with_align = "sglang_align_us" in r
-        sgl = r["sglang_align_us"] if with_align else r["sglang_us"]
+        if "sglang_cuda_align_us" in r:
+            sgl, where = r["sglang_cuda_align_us"], "inside (CUDA, sgl_kernel)"
+        elif "sglang_align_us" in r:
+            sgl, where = r["sglang_align_us"], "inside"
+        else:
+            sgl, where = r["sglang_us"], "outside (CUDA JIT)"
         out.append(f"| {r['shape']} | {r['T']} | {r['experts_read']} | {r['ours_us']:.1f} | "
-                   f"{sgl:.1f} | {'inside' if with_align else 'outside (CUDA JIT)'} | "
-                   f"{r['ours_us'] / sgl:.2f} |")
+                   f"{sgl:.1f} | {where} | {r['ours_us'] / sgl:.2f} |")
     return "\n".join(out)
 
 

@@ -84,11 +84,45 @@ def load_sglang_moe(root: str):
     return kern, align, cfg
 
 
+def load_cuda_align(site: str):
+    """sgl_kernel.moe_align_block_size (SGLang's CUDA align) from a site dir holding sgl_kernel (the
+    device bundle's /tmp/sgl-bundle/site), or None when it does not import. Call before
+    load_sglang_moe (whose stand-ins must not take sgl_kernel's name first)."""
+    if not site:
+        return None
+    sys.path.insert(0, site)
+    try:
+        from sgl_kernel import moe_align_block_size
+
+        return moe_align_block_size
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not timed
+        print(f"sgl_kernel from {site} not loadable: {exc!r}", flush=True)
+        return None
+    finally:
+        sys.path.remove(site)
+
+
 class SglangMoe:
     """SGLang's bf16 Triton MoE path for fixed (E, I, K) weights, as fused_experts_impl runs it."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, sgl_kernel_site: str = ""):
+        self.cuda_align = load_cuda_align(sgl_kernel_site)
         self.kern, self.align_mod, self.cfg_mod = load_sglang_moe(root)
+
+    def align_cuda(self, topk_ids: torch.Tensor, E: int, block_m: int):
+        """SGLang 0.5.17's moe_align_block_size on CUDA, as it calls sgl_kernel: torch.empty
+        buffers, E + 1 buckets, pad_sorted_token_ids=True; None without sgl_kernel."""
+        if self.cuda_align is None:
+            return None
+        numel = topk_ids.numel()
+        max_pad = numel * block_m if numel < E + 1 else numel + (E + 1) * (block_m - 1)
+        dev = topk_ids.device
+        sorted_ids = torch.empty((max_pad,), dtype=torch.int32, device=dev)
+        expert_ids = torch.empty((-(-max_pad // block_m),), dtype=torch.int32, device=dev)
+        ntpp = torch.empty((1,), dtype=torch.int32, device=dev)
+        cumsum = torch.empty((E + 2,), dtype=torch.int32, device=dev)
+        self.cuda_align(topk_ids, E + 1, block_m, sorted_ids, expert_ids, ntpp, cumsum, True, False)
+        return sorted_ids, expert_ids, ntpp
 
     def config(self, num_tokens: int, E: int, H: int, I: int, K: int) -> dict:  # noqa: E741
         """The config SGLang picks: its tuned JSON for (E, N=I, device) at the nearest M, else default."""

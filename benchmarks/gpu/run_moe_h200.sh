@@ -8,6 +8,10 @@
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
 #   extend (only when named): sweep EXTEND_T (default 4,128), merge it with EXTEND_BASE (earlier
 #      sweep files) into kernels/configs/NVIDIA_H200.json, bench those T with it -> OUT/
+#   cudaalign (only when named; carry .whl/sglang-0.5.23-moe.tar.gz and
+#      .device_carry/sglang-0.5.17-cp312.tar.xz, the wheel and the bundle exceed 64 MiB together): the dense
+#      layer at T = 8..64, three shapes, SGLang timed with sgl_kernel's CUDA align inside
+#      (sglang_cuda_align_us), and the dense table against it              -> OUT/fused_moe.{csv,json}
 #   profile (only when named): gpu/profile_moe.py, per-kernel GPU time of selection + fused_moe
 #      in a CUDA graph, and the time between kernels                      -> OUT/profile_moe.json
 #   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
@@ -64,11 +68,21 @@ for part in $PARTS; do
                 --sglang-root /tmp/sglang_whl --tokens "${EXTEND_T:-4,128}" \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-120 ;;
+        cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"
+            tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
+            [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
+                BUNDLE_CHECK=off bash benchmarks/gpu/install_bundle.sh "$tarball" > "$OUT/bundle.log" 2>&1 || status=1
+            unpack_sglang_wheel
+            timeout -k 10 ${CUDA_ALIGN_S:-200} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
+                --sglang-root /tmp/sglang_whl --sgl-kernel-site /tmp/sgl-bundle/site \
+                --tokens ${CUDA_ALIGN_T:-8,16,32,64} > "$OUT/bench_fused_moe.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-140
+            python3 benchmarks/kernel_tables.py dense "$OUT" || status=1 ;;
         profile) echo "=== per-kernel time of selection + fused_moe in a graph"
             timeout -k 10 ${PROFILE_S:-150} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -60 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full extend profile)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full extend cudaalign profile)" >&2; exit 2 ;;
     esac
 done
 exit $status
