@@ -38,9 +38,9 @@ import triton.language as tl
 
 from base_sglang.kernels.base_select import (
     COMBINE_MODES,
+    batch_budget,
     check_combine,
     check_table,
-    layer_budget,
     selection_outputs,
 )
 from base_sglang.kernels.utils import (
@@ -194,13 +194,7 @@ def _base_fused_kernel(
                     other=float("-inf")).to(tl.float32)  # [BT, BE]
     logit = tl.where(tmask[:, None], logit, 0.0)  # rows past T: finite, never stored
     real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
-    vmax = tl.zeros([BLOCK_B], dtype=tl.int64)
-    for b0 in range(0, T, BLOCK_B):
-        bs = b0 + tl.arange(0, BLOCK_B)
-        vmax = tl.maximum(vmax, tl.load(budget_ptr + bs, mask=bs < T, other=-1).to(tl.int64))
-    m = tl.minimum(tl.maximum(tl.max(vmax, axis=0), 0), E)
-    if HAS_TABLE:
-        m = layer_budget(m, table_ptr, E)
+    m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
 
     # ---- grid barrier (GPU): every program arrives, the row programs wait for the last -----------
     if ROLE == 0:

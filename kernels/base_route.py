@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from base_sglang.kernels.base_fused import ID_BITS, SENTINEL, _packed, _unpack, combine_rows
-from base_sglang.kernels.base_select import COMBINE_MODES, check_combine, check_table, layer_budget
+from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget, check_combine, check_table
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,
@@ -209,13 +209,7 @@ def _base_route_kernel(
     new_w = w_t
     ok = m2
     if SELECT:
-        vmax = tl.zeros([BLOCK_B], dtype=tl.int64)
-        for b0 in range(0, T, BLOCK_B):
-            bs = b0 + tl.arange(0, BLOCK_B)
-            vmax = tl.maximum(vmax, tl.load(budget_ptr + bs, mask=bs < T, other=-1).to(tl.int64))
-        m = tl.minimum(tl.maximum(tl.max(vmax, axis=0), 0), E)
-        if HAS_TABLE:
-            m = layer_budget(m, table_ptr, E)
+        m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
         # ---- batch score D over every row (each program on its own: no barrier) -----------------
         if T_CHUNKS == 1:  # this program's rows are every row
             rr = routed & real[:, None]

@@ -48,6 +48,21 @@ def layer_budget(m, table_ptr, E: tl.constexpr):
 
 
 @triton.jit
+def batch_budget(budget_ptr, T, table_ptr, E: tl.constexpr, BLOCK_B: tl.constexpr,
+                 HAS_TABLE: tl.constexpr):
+    """The batch budget M: the largest budget of the T rows clamped to [0, E] (-1 = padded row,
+    >= E dense), then this layer's share of the schedule when a table is given (base_sched)."""
+    vmax = tl.zeros([BLOCK_B], dtype=tl.int64)
+    for b0 in range(0, T, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        vmax = tl.maximum(vmax, tl.load(budget_ptr + bs, mask=bs < T, other=-1).to(tl.int64))
+    m = tl.minimum(tl.maximum(tl.max(vmax, axis=0), 0), E)
+    if HAS_TABLE:
+        m = layer_budget(m, table_ptr, E)
+    return m
+
+
+@triton.jit
 def _base_select_kernel(
     cost_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, table_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, in_s_ptr, counts_ptr, removed_ptr,
