@@ -140,6 +140,17 @@ def combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, slots, alpha,
 
 
 @triton.jit
+def store_rows(out_ids_ptr, out_w_ptr, ts, kk, K: tl.constexpr, new, new_w, keep, m2):
+    """Write rows ts of the selection [BT, KK]: slots outside `keep` (empty, or a padded row's)
+    as id -1, weight 0; m2 masks the real (row, slot) entries."""
+    new = tl.where(keep, new, -1)
+    new_w = tl.where(keep, new_w, 0.0)
+    offs = ts[:, None] * K + kk[None, :]
+    tl.store(out_ids_ptr + offs, new.to(out_ids_ptr.dtype.element_ty), mask=m2)
+    tl.store(out_w_ptr + offs, new_w.to(out_w_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _base_fused_kernel(
     hidden_ptr, ids_ptr, w_ptr, logits_ptr, budget_ptr, a_ptr, b_ptr, table_ptr,
     out_ids_ptr, out_w_ptr, d_ptr, union_ptr, in_s_ptr, counts_ptr, removed_ptr, bar_ptr,
@@ -266,12 +277,7 @@ def _base_fused_kernel(
 
         ok = (new >= 0) & kmask[None, :]  # [BT, KK]
         new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE)
-        keep = ok & real[:, None]
-        new = tl.where(keep, new, -1)
-        new_w = tl.where(keep, new_w, 0.0)
-        offs = ts[:, None] * K + kk[None, :]
-        tl.store(out_ids_ptr + offs, new.to(out_ids_ptr.dtype.element_ty), mask=m2)
-        tl.store(out_w_ptr + offs, new_w.to(out_w_ptr.dtype.element_ty), mask=m2)
+        store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
 
 
 def fused_blocks(T: int, E: int, K: int, H: int, sms: int) -> dict:

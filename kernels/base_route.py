@@ -35,7 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from base_sglang.kernels.base_fused import ID_BITS, SENTINEL, _packed, _unpack, combine_rows
+from base_sglang.kernels.base_fused import (
+    ID_BITS,
+    SENTINEL,
+    _packed,
+    _unpack,
+    combine_rows,
+    store_rows,
+)
 from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget, check_combine, check_table
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
@@ -246,12 +253,7 @@ def _base_route_kernel(
                 d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                 counts_ptr, removed_ptr, alpha, K, BLOCK_KK, RENORM, BACKFILL, COMBINE,
                 KEY32, ITER, ID_BITS, SENT)
-    keep = ok & real[:, None]
-    new = tl.where(keep, new, -1)
-    new_w = tl.where(keep, new_w, 0.0)
-    offs = ts[:, None] * K + kk[None, :]
-    tl.store(out_ids_ptr + offs, new.to(out_ids_ptr.dtype.element_ty), mask=m2)
-    tl.store(out_w_ptr + offs, new_w.to(out_w_ptr.dtype.element_ty), mask=m2)
+    store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:

@@ -87,15 +87,7 @@ def _base_select_kernel(
     real_t = tl.load(budget_ptr + t + ks * 0) >= 0  # [BK] (vector: see base_score)
     logit = tl.load(logits_ptr + t * stride_lt + es, mask=emask, other=float("-inf")).to(tl.float32)
 
-    # ---- batch budget M (largest real budget, clamped to E) ------------------------------------
-    vmax = tl.zeros([BLOCK_T], dtype=tl.int64)
-    for t0 in range(0, T, BLOCK_T):
-        ts = t0 + tl.arange(0, BLOCK_T)
-        bud = tl.load(budget_ptr + ts, mask=ts < T, other=-1).to(tl.int64)
-        vmax = tl.maximum(vmax, bud)
-    m = tl.minimum(tl.max(vmax, axis=0), E)
-    if HAS_TABLE:
-        m = layer_budget(m, table_ptr, E)
+    m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_T, HAS_TABLE)  # [] batch budget M
 
     # ---- batch score D and union counts (one-hot sums in a fixed order) -------------------------
     d = tl.zeros([BLOCK_E], dtype=tl.float32)
