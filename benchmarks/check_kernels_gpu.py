@@ -457,8 +457,22 @@ def route_case(shape: str, T: int, seed: int = 0):
     return fold_router(router, pred, 0), z, pred
 
 
-def check_route() -> None:
+def route_diff(logits, yhat, bud, cfg, pred, K: int, norm: bool):
+    """(route-select == core.routing.route_select: ids exact, weights <= 1e-5, same statistics;
+    the max |weight diff|; rows whose ids differ) for one folded layer."""
     from base_sglang.core.routing import route_select
+    from base_sglang.kernels import route_select_experts
+
+    ref, _, _ = route_select(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+    got = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+    diff = (ref.weights.float() - got.weights).abs().max().item()
+    ok = (torch.equal(ref.ids, got.ids.long()) and diff <= 1e-5
+          and int(ref.stats.num_union) == int(got.stats.num_union)
+          and int(ref.stats.num_kept) == int(got.stats.num_kept))
+    return ok, diff, int((ref.ids != got.ids.long()).any(1).sum())
+
+
+def check_route() -> None:
     from base_sglang.kernels import route_select_experts
 
     for shape, s in SHAPES.items():
@@ -472,16 +486,11 @@ def check_route() -> None:
                 for policy in ("base", "base_plus"):
                     for backfill in (True, False):
                         cfg = SelectionConfig(policy=policy, backfill=backfill)
-                        kw = dict(top_k=K, norm_topk_prob=s["norm_topk_prob"])
-                        ref, _, _ = route_select(logits, yhat, bud, 0, cfg, pred, **kw)
-                        got = route_select_experts(logits, yhat, bud, 0, cfg, pred, **kw)
-                        diff = (ref.weights.float() - got.weights).abs().max().item()
+                        ok, diff, rows = route_diff(logits, yhat, bud, cfg, pred, K,
+                                                    s["norm_topk_prob"])
                         worst = max(worst, diff)
-                        if not (torch.equal(ref.ids, got.ids.long()) and diff <= 1e-5
-                                and int(ref.stats.num_union) == int(got.stats.num_union)
-                                and int(ref.stats.num_kept) == int(got.stats.num_kept)):
-                            bad.append((bname, policy, backfill,
-                                        int((ref.ids != got.ids.long()).any(1).sum())))
+                        if not ok:
+                            bad.append((bname, policy, backfill, rows))
             record(f"route/{shape}/T={T}", not bad, cases=5 * 4, max_w_diff=worst, failures=bad[:4])
             cfg = SelectionConfig(policy="base_plus")
             bud = budgets(T, E, K)["mixed"]
@@ -497,9 +506,6 @@ def check_route() -> None:
 def check_route_tiles() -> None:
     """The tile variants the sweep found faster (sweep_route.json) == the core, before any of them
     becomes a default: BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k."""
-    from base_sglang.core.routing import route_select
-    from base_sglang.kernels import route_select_experts
-
     shape = "qwen3-30b-a3b"
     s = SHAPES[shape]
     E, K = s["E"], s["K"]
@@ -511,12 +517,9 @@ def check_route_tiles() -> None:
         os.environ["BASE_ROUTE_TILES"] = tiles
         try:
             for bname, bud in budgets(T, E, K).items():
-                cfg = SelectionConfig(policy="base_plus")
-                kw = dict(top_k=K, norm_topk_prob=s["norm_topk_prob"])
-                ref, _, _ = route_select(logits, yhat, bud, 0, cfg, pred, **kw)
-                got = route_select_experts(logits, yhat, bud, 0, cfg, pred, **kw)
-                if not (torch.equal(ref.ids, got.ids.long())
-                        and (ref.weights.float() - got.weights).abs().max().item() <= 1e-5):
+                ok, _, _ = route_diff(logits, yhat, bud, SelectionConfig(policy="base_plus"), pred,
+                                      K, s["norm_topk_prob"])
+                if not ok:
                     bad.append(bname)
         finally:
             os.environ.pop("BASE_ROUTE_TILES", None)
