@@ -85,7 +85,6 @@ def _top(key, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr, ITER: tl.constexpr, S
     if ITER:  # K max-reductions, each removing the row's best (keys are distinct per row)
         top = tl.zeros([key.shape[0], BLOCK_KK], dtype=key.dtype) + SENT
         cur = key
-        kth = tl.max(cur, axis=1)
         for j in tl.static_range(K):
             kth = tl.max(cur, axis=1)  # [BT]
             top = tl.where(kk[None, :] == j, kth[:, None], top)
