@@ -11,6 +11,9 @@
 #   sweep    gpu/sweep_route.py: (num_warps, rows per block, top-k method) of the folded launch
 #                                                                      -> OUT/sweep_route.json
 #   profile  gpu/profile_moe.py: per-kernel time of selection + fused_moe -> OUT/profile_moe.json
+#   ncu      Nsight Compute on one launch of each selection kernel, Qwen3 shape, T = 16 and 64
+#            (gpu/ncu_select.py): the details page (speed of light, stalls) and the per-line
+#            source page                                -> OUT/ncu_details.txt, ncu_source_*.csv
 # Usage (repository root, proxy weights home, nothing to carry):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest select profile"] bash benchmarks/gpu/run_route_h200.sh
 # One call fits about two parts: check (<= 240 s) and pytest (<= 280 s, the whole tests/kernels
@@ -48,7 +51,22 @@ for part in $PARTS; do
             timeout -k 10 ${PROFILE_S:-120} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -40 ;;
-        *) echo "unknown part '$part' (check pytest select sweep profile)" >&2; exit 2 ;;
+        ncu) echo "=== Nsight Compute: the selection kernels at Qwen3 T = 16, 64"
+            timeout -k 10 ${NCU_S:-150} ncu --clock-control none --set full --import-source yes \
+                --profile-from-start off -f -o "$OUT/sel" python3 benchmarks/gpu/ncu_select.py \
+                --tokens ${NCU_T:-16 64} > "$OUT/ncu.log" 2>&1 || status=1
+            tail -5 "$OUT/ncu.log" | cut -c1-200
+            rep="$OUT/sel.ncu-rep"
+            ncu --import "$rep" --page details > "$OUT/ncu_details.txt" 2>&1 || status=1
+            grep -E "^  [a-z_]+.*\(|Duration|Warp Cycles Per Issued|Registers Per|Achieved Occ" \
+                "$OUT/ncu_details.txt" | cut -c1-120 | head -60
+            for src in cuda sass; do
+                ncu --import "$rep" --page source --csv --print-source "$src" \
+                    > "$OUT/ncu_source_$src.csv" 2>> "$OUT/ncu_source.err" || status=1
+                echo "source page ($src): $(wc -l < "$OUT/ncu_source_$src.csv") lines"
+            done
+            head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
+        *) echo "unknown part '$part' (check pytest select sweep profile ncu)" >&2; exit 2 ;;
     esac
 done
 exit $status
