@@ -26,7 +26,7 @@
    [T, 2E] output) == core.routing.route_select at the three shapes, T in {1, 16, 64}, every
    budget kind above, base and base_plus, backfill on/off, int32 ids; 50 repeated calls bitwise
    equal; a CUDA graph of GEMM + route-select replayed with changed budgets == eager; the tile
-   variants the sweep found faster (check_route_tiles) == the core.
+   variants the sweep times (check_route_tiles) == the core.
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
@@ -504,12 +504,15 @@ def check_route() -> None:
 
 
 def check_route_tiles() -> None:
-    """The tile variants the sweep found faster (sweep_route.json) == the core, before any of them
-    becomes a default: BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k."""
-    shape = "qwen3-30b-a3b"
-    s = SHAPES[shape]
-    E, K = s["E"], s["K"]
-    for T, tiles in ((1, "1,1,1"), (1, "2,1,1"), (8, "8,8,1"), (16, "4,16,1"), (16, "8,16,1")):
+    """Every tile variant the sweep times (kernel_common.ROUTE_VARIANTS) == the core, so that any of
+    them can become a default: BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k,
+    scratch row."""
+    from kernel_common import ROUTE_VARIANTS
+
+    for shape, T, tiles in [(sh, T, v) for sh in ("qwen3-30b-a3b", "olmoe-1b-7b")
+                            for T, vs in ROUTE_VARIANTS.items() for v in vs]:
+        s = SHAPES[shape]
+        E, K = s["E"], s["K"]
         w2, z, pred = route_case(shape, T, seed=T + 100)
         scores = z @ w2.T
         logits, yhat = scores[:, :E], scores[:, E:]

@@ -138,17 +138,27 @@ def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK
 
 @triton.jit
 def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-               counts_ptr, removed_ptr, alpha, K: tl.constexpr, BLOCK_KK: tl.constexpr,
-               RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
-               KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr,
-               SENT: tl.constexpr):
+               counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E: tl.constexpr, K: tl.constexpr,
+               BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
+               KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
+               ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """From D [BE] and the union counts: S, the statistics (program 0) and this program's rows
     (ids [BT, KK], weights, mask of filled slots)."""
     in_union = (cnt > 0) & emask
-    dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE]
+    if SCRATCH:  # D through this program's scratch row, read back in a one-per-thread layout:
+        # Triton's sort of the [BE] slice of a [BT, BE] tile costs ~1500 instructions, of a
+        # freshly loaded [BE] vector ~200 (SASS counts, sm_90)
+        e1 = tl.arange(0, BLOCK_E)
+        tl.store(ws_ptr + pid * BLOCK_E + es, tl.where(in_union, d, -1.0))
+        tl.debug_barrier()
+        d = tl.load(ws_ptr + pid * BLOCK_E + e1)  # [BE] -1 outside the union
+        es = e1
+        in_union = d >= 0.0  # (experts past E stored -1 too)
+    dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE] int64 keys (D, id)
     ranked = tl.sort(dkey, descending=True)
     kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
-    in_s = in_union & (dkey >= kth_d) & (m > 0)  # [BE] the kept set S
+    in_s = in_union & (dkey >= kth_d) & (es * 0 + m > 0)  # [BE] the kept set S (a [BE] compare:
+    # the interpreter types `bool tensor & scalar` by the tensor's source, here a float load)
     if pid == 0:
         tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
         tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
@@ -178,12 +188,13 @@ def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, k
 @triton.jit
 def _base_route_kernel(
     logits_ptr, yhat_ptr, b_ptr, budget_ptr, table_ptr,
-    out_ids_ptr, out_w_ptr, counts_ptr, removed_ptr,
+    out_ids_ptr, out_w_ptr, counts_ptr, removed_ptr, ws_ptr,
     T, stride_l, stride_y, alpha,
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, T_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     SELECT: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
-    HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
+    USE_PDL: tl.constexpr,
     ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -229,8 +240,8 @@ def _base_route_kernel(
                 d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
                 new, new_w, ok = _kept_rows(
                     d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                    counts_ptr, removed_ptr, alpha, K, BLOCK_KK, RENORM, BACKFILL, COMBINE,
-                    KEY32, ITER, ID_BITS, SENT)
+                    counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
+                    COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
             elif pid == 0:  # S = the union: the routing as it is
                 tl.store(counts_ptr, n_union.to(tl.int64))
                 tl.store(counts_ptr + 1, n_union.to(tl.int64))
@@ -250,23 +261,24 @@ def _base_route_kernel(
                 cnt += n_c
             new, new_w, ok = _kept_rows(
                 d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                counts_ptr, removed_ptr, alpha, K, BLOCK_KK, RENORM, BACKFILL, COMBINE,
-                KEY32, ITER, ID_BITS, SENT)
+                counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
+                COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
     store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:
     """Tile sizes, warps and top-k method of the route-select launch for (T, E, K).
-    BASE_ROUTE_TILES="num_warps,block_t,iter" overrides them (benchmark sweeps only)."""
+    BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch]" overrides them (benchmark sweeps only)."""
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
-    num_warps, it = (4 if block_t * block_e <= 1024 else 8), False
+    num_warps, it, scratch = (4 if block_t * block_e <= 1024 else 8), False, True
     if "BASE_ROUTE_TILES" in os.environ:
-        w_env, t_env, i_env = (int(v) for v in os.environ["BASE_ROUTE_TILES"].split(","))
-        num_warps, block_t, it = w_env, max(1, min(t_env, triton.next_power_of_2(max(T, 1)))), bool(i_env)
+        v = [int(x) for x in os.environ["BASE_ROUTE_TILES"].split(",")]
+        num_warps, block_t, it = v[0], max(1, min(v[1], triton.next_power_of_2(max(T, 1)))), bool(v[2])
+        scratch = bool(v[3]) if len(v) > 3 else scratch
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 T_CHUNKS=triton.next_power_of_2(triton.cdiv(max(T, 1), block_t)),
-                BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it,
+                BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it, SCRATCH=scratch,
                 num_warps=num_warps)
 
 
@@ -320,9 +332,10 @@ def base_route_select(
     pdl = use_pdl(dev)
     key32 = logits.dtype == torch.bfloat16 and E <= 65536  # bf16 logits order by 16 bits
     grid = (triton.cdiv(T, cfg["BLOCK_T"]),)
+    ws = torch.empty(grid[0] * cfg["BLOCK_E"] if select else 1, dtype=torch.float32, device=dev)
     _base_route_kernel[grid](
         logits, yhat if select else logits, b if select else logits, budget,
-        table if table is not None else logits, out_ids, out_w, counts, removed,
+        table if table is not None else logits, out_ids, out_w, counts, removed, ws,
         T, logits.stride(0), yhat.stride(0) if select else 0, float(alpha),
         E=E, K=K, **cfg, SELECT=select, RENORM=bool(renormalize), BACKFILL=backfill,
         COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, KEY32=key32, USE_PDL=pdl,

@@ -4,7 +4,7 @@
 #            128, every budget kind, base / base_plus, backfill on/off, repeat calls bitwise equal, a
 #            CUDA graph of GEMM + route-select with changed budgets == eager; base_sched with two
 #            batch-size ranges in both unfolded selection kernels     -> OUT/checks.json, check.log
-#   pytest   tests/kernels on CUDA                                     -> OUT/pytest.log
+#   pytest   tests/kernels on CUDA (PYTEST_PATHS: other test paths)   -> OUT/pytest.log
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
 #            dense layers of benchmarks/results/kernels_h200_moe/final  -> OUT/base_select.{csv,json}
@@ -32,7 +32,7 @@ for part in $PARTS; do
             grep -E "FAIL|checks passed" "$OUT/check.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
             (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-280} python3 -m pytest -q -rfE -p no:cacheprovider \
-                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/kernels" \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-"$ROOT/tests/kernels"} \
                 > "$OUT/pytest.log" 2>&1) || status=1
             grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
         select) echo "=== selection and folded routing latency"

@@ -2,8 +2,8 @@
 
     python benchmarks/gpu/sweep_route.py --out DIR [--shapes ...] [--tokens 1,8,16,32,64] [--budget-s 240]
 For each shape and decode batch T (budget M = 16, 4 for E = 8): the dense routing (GEMM [T, H] x
-[H, E] + the top-k launch) and, for each (num_warps, rows per block, iterative top-k) through
-BASE_ROUTE_TILES, the folded sequence (GEMM x [H, 2E] + base_route_select), each a CUDA graph of
+[H, E] + the top-k launch) and, for each (num_warps, rows per block, iterative top-k, scratch row)
+of kernel_common.ROUTE_VARIANTS through BASE_ROUTE_TILES, the folded sequence (GEMM x [H, 2E] + base_route_select), each a CUDA graph of
 10 calls, median of 15 replays. Prints the best variant per cell and writes sweep_route.json.
 """
 
@@ -18,7 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kernel_common import DEVICE, SHAPES, graph_time_us, provenance  # noqa: E402
+from kernel_common import DEVICE, ROUTE_VARIANTS, SHAPES, graph_time_us, provenance  # noqa: E402
 
 from base_sglang.core import DEFAULT_POLICY, SelectionConfig  # noqa: E402
 from base_sglang.core.routing import fold_router  # noqa: E402
@@ -28,13 +28,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def variants(T: int) -> list[str]:
-    bts = sorted({min(T, 16), min(T, 8), min(T, 32), min(T, 64)})
-    out = []
-    for bt in bts:
-        for w in ((1, 2, 4, 8) if bt <= 16 else (4, 8, 16)):
-            for it in (0, 1):
-                out.append(f"{w},{bt},{it}")
-    return out
+    return ROUTE_VARIANTS.get(T, ROUTE_VARIANTS[min(ROUTE_VARIANTS, key=lambda t: abs(t - T))])
 
 
 def main() -> int:
@@ -72,7 +66,8 @@ def main() -> int:
 
             default_us = graph_time_us(folded)
             cell = dict(shape=shape, T=T, M=M, router_us=round(router_us, 2),
-                        default=f"{default['num_warps']},{default['BLOCK_T']},{int(default['ITER'])}",
+                        default=",".join(str(int(default[k]))
+                                         for k in ("num_warps", "BLOCK_T", "ITER", "SCRATCH")),
                         default_us=round(default_us, 2), variants={})
             for v in variants(T):
                 if time.time() - t_start > args.budget_s:

@@ -126,7 +126,8 @@ def test_bad_inputs_name_the_field():
                              SelectionConfig(policy="oea"), pred, top_k=4, norm_topk_prob=True)
 
 
-@pytest.mark.parametrize("tiles", ["4,16,1", "1,4,0", "2,2,1"])  # warps, rows per block, iterative top-k
+# warps, rows per block, iterative top-k[, D through the scratch row (default 1)]
+@pytest.mark.parametrize("tiles", ["4,16,1", "1,4,0", "2,2,1", "2,4,0,0", "4,16,1,0"])
 @pytest.mark.parametrize("T,budget", [(9, 10), (12, 5), (3, 64)])
 def test_every_tiling_and_topk_method(tiles, T, budget, monkeypatch):
     # rows per block below T: several programs, each recomputing D over every chunk
