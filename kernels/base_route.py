@@ -272,6 +272,8 @@ def route_blocks(T: int, E: int, K: int) -> dict:
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
     num_warps, it, scratch = (4 if block_t * block_e <= 1024 else 8), False, True
+    if T == 1:  # one warp, K max-reductions: 0.2-0.5 us faster at E = 64 and 128 (H200 sweep)
+        num_warps, it = 1, True
     if "BASE_ROUTE_TILES" in os.environ:
         v = [int(x) for x in os.environ["BASE_ROUTE_TILES"].split(",")]
         num_warps, block_t, it = v[0], max(1, min(v[1], triton.next_power_of_2(max(T, 1)))), bool(v[2])
