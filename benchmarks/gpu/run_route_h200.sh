@@ -13,7 +13,8 @@
 #   profile  gpu/profile_moe.py: per-kernel time of selection + fused_moe -> OUT/profile_moe.json
 #   ncu      Nsight Compute on one launch of each selection kernel, Qwen3 shape, T = 16 and 64
 #            (gpu/ncu_select.py): the details page (speed of light, stalls) and the per-line
-#            source page                                -> OUT/ncu_details.txt, ncu_source_*.csv
+#            source page, summarised by gpu/ncu_summary.py (instructions per warp, straight runs)
+#                                  -> OUT/ncu_details.txt, ncu_source_*.csv, ncu_sass_summary.json
 # Usage (repository root, proxy weights home, nothing to carry):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest select profile"] bash benchmarks/gpu/run_route_h200.sh
 # One call fits about two parts: check (<= 240 s) and pytest (<= 280 s, the whole tests/kernels
@@ -65,6 +66,8 @@ for part in $PARTS; do
                     > "$OUT/ncu_source_$src.csv" 2>> "$OUT/ncu_source.err" || status=1
                 echo "source page ($src): $(wc -l < "$OUT/ncu_source_$src.csv") lines"
             done
+            python3 benchmarks/gpu/ncu_summary.py "$OUT/ncu_source_sass.csv" "$OUT/ncu_details.txt" \
+                "$OUT/ncu_sass_summary.json" || status=1
             head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
         *) echo "unknown part '$part' (check pytest select sweep profile ncu)" >&2; exit 2 ;;
     esac

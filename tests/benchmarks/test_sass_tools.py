@@ -1,0 +1,65 @@
+"""The two tools that place time inside the route-select launch without GPU counters here:
+benchmarks/sass_count.py (its SASS for sm_90, compiled on this machine) and
+benchmarks/gpu/ncu_summary.py (Nsight Compute's source page, summarised)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_scratch_row_shortens_the_qwen3_t16_launch(tmp_path):
+    # D read back through the scratch row gives the top-M sort a one-per-thread layout: the
+    # fifth session's change; its loss would bring back ~1000 instructions (Triton 3.6: 4016 -> 3000)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # it compiles
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_count.py"), "--tiles",
+                          "8,16,0,0", "8,16,0,1", "--json", str(tmp_path / "c.json")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    without, with_row = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert without["stack"] == 0 and with_row["stack"] == 0
+    assert with_row["instructions"] < 0.85 * without["instructions"], (with_row, without)
+
+
+def _source_csv(path: Path) -> None:
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "_base_route_kernel"])
+        w.writerow(hdr)
+        body = [("ISETP.GT.AND P0, PT, R1, R2, PT", 8)] * 150 + [("BAR.SYNC.DEFER_BLOCKING 0x0", 8)]
+        body += [("@P0 SEL R1, R2, R3, P0", 8)] * 20 + [("EXIT", 8)]
+        for i, (ins, n) in enumerate(body):
+            w.writerow([hex(i * 16), "      " + ins, "0", str(n), "0", "0"])
+
+
+def test_ncu_summary_counts_per_warp(tmp_path):
+    _source_csv(tmp_path / "src.csv")
+    (tmp_path / "det.txt").write_text(
+        "  _base_route_kernel (1, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+        "    Duration                         us        12.29\n"
+        "    Registers Per Thread             register/thread             128\n"
+        "    Warp Cycles Per Issued Instruction             cycle         5.19\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "ncu_summary.py"),
+                          str(tmp_path / "src.csv"), str(tmp_path / "det.txt"), str(tmp_path / "s.json")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads((tmp_path / "s.json").read_text())
+    assert row["instructions"] == 172 and row["warp_instructions_executed"] == 172 * 8
+    assert row["instructions_per_warp"] == 172  # 8 warps executed each instruction once
+    assert row["runs_over_100"] == [[0, 151]]  # the 150 compares up to the barrier
+    assert row["duration_us"] == 12.29 and row["registers"] == 128 and row["cycles_per_issue"] == 5.19
+    assert row["top_opcodes_executed"][0] == ["ISETP", 1200]
+
+
+def test_sass_count_refuses_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_count.py")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "TRITON_INTERPRET=1" in out.stderr
