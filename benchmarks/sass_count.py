@@ -61,7 +61,8 @@ def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
     ops = collections.Counter((s.split()[1] if s.startswith("@") else s.split()[0]).split(".")[0]
                               for s in ins)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return dict(instructions=len(ins), registers=int(m.group(1)), stack=int(m.group(2)), opcodes=ops)
+    return dict(instructions=len(ins), registers=int(m.group(1)), stack=int(m.group(2)), opcodes=ops,
+                sass=ins)
 
 
 def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
@@ -96,7 +97,8 @@ def main() -> int:
     for T in args.tokens:
         for tiles in args.tiles:
             r = route_sass(args.shape, T, tiles)
-            rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items() if k != "opcodes"}))
+            rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items()
+                                                  if k not in ("opcodes", "sass")}))
             top = " ".join(f"{o}:{n}" for o, n in r["opcodes"].most_common(6))
             print(f"T={T:<3} tiles {tiles or 'default':10} {r['instructions']:6} SASS  "
                   f"{r['registers']:3} regs  stack {r['stack']:3}  {top}")

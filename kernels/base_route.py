@@ -137,13 +137,13 @@ def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E: tl.constexpr, K: tl.constexpr,
                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
                KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
                ID_BITS: tl.constexpr, SENT: tl.constexpr):
-    """From D [BE] and the union counts: S, the statistics (program 0) and this program's rows
-    (ids [BT, KK], weights, mask of filled slots)."""
+    """From D [BE], the union counts and the union's size: S, the statistics (program 0) and this
+    program's rows (ids [BT, KK], weights, mask of filled slots)."""
     in_union = (cnt > 0) & emask
     if SCRATCH:  # D through this program's scratch row, read back in a one-per-thread layout:
         # Triton's sort of the [BE] slice of a [BT, BE] tile costs ~1500 instructions, of a
@@ -159,9 +159,9 @@ def _kept_rows(d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, k
     kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
     in_s = in_union & (dkey >= kth_d) & (es * 0 + m > 0)  # [BE] the kept set S (a [BE] compare:
     # the interpreter types `bool tensor & scalar` by the tensor's source, here a float load)
-    if pid == 0:
-        tl.store(counts_ptr, tl.sum(in_union.to(tl.int64), axis=0))
-        tl.store(counts_ptr + 1, tl.sum(in_s.to(tl.int64), axis=0))
+    if pid == 0:  # |S| = min(M, |union|): one reduction fewer on the chain
+        tl.store(counts_ptr, n_union.to(tl.int64))
+        tl.store(counts_ptr + 1, tl.minimum(m, n_union).to(tl.int64))
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
     # ---- this program's rows -----------------------------------------------------------------
     if BACKFILL:  # the top-K of S by logit: routed experts in S first, then backfill
@@ -239,7 +239,7 @@ def _base_route_kernel(
                 cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
                 d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
                 new, new_w, ok = _kept_rows(
-                    d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                    d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                     counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
                     COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
             elif pid == 0:  # S = the union: the routing as it is
@@ -259,8 +259,9 @@ def _base_route_kernel(
                                         BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT)
                 d += d_c
                 cnt += n_c
+            n_union = tl.sum(((cnt > 0) & emask).to(tl.int32), axis=0)
             new, new_w, ok = _kept_rows(
-                d, cnt, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                 counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
                 COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
     store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
