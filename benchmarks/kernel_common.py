@@ -38,6 +38,33 @@ SKEW = 1.0  # router logits = N(0, 1) per (token, expert) + a fixed per-expert N
 
 
 @dataclass
+class FoldedLayer:
+    """A synthetic folded MoE layer of one shape for the route-select benchmarks."""
+    E: int
+    K: int
+    H: int
+    norm: bool  # norm_topk_prob
+    pred: object  # core.Predictor, random, on DEVICE
+    router: torch.Tensor  # [E, H] bf16, random
+    w2: torch.Tensor  # [2E, H] the router's rows with the predictor's stacked under them
+    b: torch.Tensor  # [E] the predictor's bias
+    comb: dict  # combine rule of the config: base_route_select's combine= and alpha=
+
+
+def folded_layer(shape: str, cfg) -> FoldedLayer:
+    from base_sglang.core.routing import fold_router
+    from base_sglang.testing.predictors import random_predictor
+
+    s = SHAPES[shape]
+    E, K, H, norm = s["E"], s["K"], s["H"], s["norm_topk_prob"]
+    pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
+                            architecture="synthetic").to(DEVICE)
+    router = (torch.randn(E, H, device=DEVICE) * H ** -0.5).bfloat16()
+    return FoldedLayer(E, K, H, norm, pred, router, fold_router(router, pred, 0), pred.bias[0],
+                       dict(combine=cfg.combine_mode(norm), alpha=cfg.renorm_alpha))
+
+
+@dataclass
 class Routing:
     logits: torch.Tensor  # [T, E] fp32
     ids: torch.Tensor  # [T, K] int32

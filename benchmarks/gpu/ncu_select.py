@@ -18,29 +18,22 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kernel_common import DEVICE, SHAPES  # noqa: E402
+from kernel_common import DEVICE, SHAPES, folded_layer  # noqa: E402
 
 from base_sglang.core import DEFAULT_POLICY, SelectionConfig  # noqa: E402
-from base_sglang.core.routing import fold_router  # noqa: E402
 from base_sglang.kernels import base_route_select, base_select_experts  # noqa: E402
-from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3-30b-a3b")
+    ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--budget", type=int, default=16)
     args = ap.parse_args()
-    s = SHAPES[args.shape]
-    E, K, H, norm = s["E"], s["K"], s["H"], s["norm_topk_prob"]
     cfg = SelectionConfig(policy=DEFAULT_POLICY)
-    pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
-                            architecture="synthetic").to(DEVICE)
-    router = (torch.randn(E, H, device=DEVICE) * H ** -0.5).bfloat16()
-    w2 = fold_router(router, pred, 0)
-    b = pred.bias[0]
-    comb = dict(combine=cfg.combine_mode(norm), alpha=cfg.renorm_alpha)
+    f = folded_layer(args.shape, cfg)
+    E, K, H, norm, pred, router, w2, b, comb = (f.E, f.K, f.H, f.norm, f.pred, f.router, f.w2, f.b,
+                                                f.comb)
     calls = []
     for T in args.tokens:
         x = torch.randn(T, H, device=DEVICE).bfloat16()

@@ -18,13 +18,18 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kernel_common import DEVICE, ROUTE_VARIANTS, SHAPES, graph_time_us, provenance  # noqa: E402
+from kernel_common import (  # noqa: E402
+    DEVICE,
+    ROUTE_VARIANTS,
+    SHAPES,
+    folded_layer,
+    graph_time_us,
+    provenance,
+)
 
 from base_sglang.core import DEFAULT_POLICY, SelectionConfig  # noqa: E402
-from base_sglang.core.routing import fold_router  # noqa: E402
 from base_sglang.kernels import base_route_select  # noqa: E402
 from base_sglang.kernels.base_route import route_blocks  # noqa: E402
-from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def variants(T: int) -> list[str]:
@@ -38,19 +43,16 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8,16,32,64")
     ap.add_argument("--budget-s", type=float, default=240.0)
     args = ap.parse_args()
+    bad = [x for x in args.shapes.split(",") if x not in SHAPES]
+    if bad:
+        ap.error(f"--shapes: unknown {bad}; choose from {sorted(SHAPES)}")
     t_start = time.time()
     rows = []
     cfg = SelectionConfig(policy=DEFAULT_POLICY)
     for shape in args.shapes.split(","):
-        s = SHAPES[shape]
-        E, K, H, norm = s["E"], s["K"], s["H"], s["norm_topk_prob"]
+        f = folded_layer(shape, cfg)
+        E, K, H, norm, router, w2, b, comb = f.E, f.K, f.H, f.norm, f.router, f.w2, f.b, f.comb
         M = 16 if E > 16 else 4
-        pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
-                                architecture="synthetic").to(DEVICE)
-        router = (torch.randn(E, H, device=DEVICE) * H ** -0.5).bfloat16()
-        w2 = fold_router(router, pred, 0)
-        b = pred.bias[0]
-        comb = dict(combine=cfg.combine_mode(norm), alpha=cfg.renorm_alpha)
         for T in [int(t) for t in args.tokens.split(",")]:
             x = torch.randn(T, H, device=DEVICE).bfloat16()
             bud = torch.full((T,), M, device=DEVICE)
