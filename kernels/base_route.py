@@ -22,7 +22,11 @@ builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. When
 every row and M >= the union, nothing can be dropped: the routing is returned as it is, without D.
 SELECT=False is the router's top-k alone (the dense routing), the baseline this launch replaces.
 Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
-tl.topk, or K max-reductions (ITER).
+tl.topk, or K max-reductions (ITER). D goes through a per-program scratch row before the top-M
+sort (SCRATCH): read back with a fresh arange it has one key per thread, and the sort compiles to
+~160 SASS instructions instead of ~1500 for the [BE] slice of a [BT, BE] tile (sm_90, Triton 3.6;
+benchmarks/sass_count.py). At small T the launch is one program's dependent chain, so its time
+follows that count (Nsight Compute, BENCHMARKS.md).
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
@@ -276,7 +280,14 @@ def route_blocks(T: int, E: int, K: int) -> dict:
     if T == 1:  # one warp, K max-reductions: 0.2-0.5 us faster at E = 64 and 128 (H200 sweep)
         num_warps, it = 1, True
     if "BASE_ROUTE_TILES" in os.environ:
-        v = [int(x) for x in os.environ["BASE_ROUTE_TILES"].split(",")]
+        raw = os.environ["BASE_ROUTE_TILES"]
+        try:
+            v = [int(x) for x in raw.split(",")]
+        except ValueError:
+            v = []
+        if len(v) not in (3, 4) or v[0] not in (1, 2, 4, 8, 16, 32) or v[1] < 1:
+            raise ValueError(f"BASE_ROUTE_TILES: expected num_warps (1-32, a power of two),rows per "
+                             f"block,iter[,scratch] as integers, got {raw!r}")
         num_warps, block_t, it = v[0], max(1, min(v[1], triton.next_power_of_2(max(T, 1)))), bool(v[2])
         scratch = bool(v[3]) if len(v) > 3 else scratch
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,

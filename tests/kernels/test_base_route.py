@@ -136,6 +136,13 @@ def test_every_tiling_and_topk_method(tiles, T, budget, monkeypatch):
     check_route(T, 32, 4, [budget] * T, seed=T, dtype=torch.float32, policy="base")
 
 
+@pytest.mark.parametrize("tiles", ["8,16", "x,16,0", "3,16,0", "8,0,1", "8,16,0,1,1"])
+def test_bad_tile_override_names_the_variable(tiles, monkeypatch):
+    monkeypatch.setenv("BASE_ROUTE_TILES", tiles)
+    with pytest.raises(ValueError, match="BASE_ROUTE_TILES"):
+        check_route(4, 16, 4, [3] * 4)
+
+
 def test_nothing_to_drop_keeps_the_routing():
     # M >= the union (T = 2, K = 4, M = 8): the launch returns the routing, S = the union
     got, _, ids, w = check_route(2, 64, 4, [8, 8], seed=4)
