@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the neuron options pick S_u on the fit rows")
     p.add_argument("--mlp-steps", type=int, default=MLPConfig.max_steps,
                    help="max full-batch Adam steps of the mlpR options' selection run")
+    p.add_argument("--mlp-weight-decay", type=float, default=MLPConfig.weight_decay,
+                   help="relative L2 on the mlpR options' heads c_u and projection P")
     return p
 
 
@@ -300,7 +302,7 @@ def run(args) -> int:
                          f"got {r_max}")
     cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,
                             heldout_every=args.heldout_every)
-    mlp_cfg = MLPConfig(max_steps=args.mlp_steps)
+    mlp_cfg = MLPConfig(max_steps=args.mlp_steps, weight_decay=args.mlp_weight_decay)
     docs = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
     fit_w, held_w = split_windows(docs, cfg)
     fit, held = collect(model, blocks, fit_w), collect(model, blocks, held_w)
