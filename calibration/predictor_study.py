@@ -20,6 +20,11 @@ per routed slot:
   neuronR_only   f = [log ||P_S(z)||]             (yhat = a_u log ||P_S|| + b_u)
   nenergyR       f = [z, log Q_S(z)]              Q_S = sum_{j in S_u} h_j^2 ||d_j||^2 (no down product)
   nenergyR_only  f = [log Q_S(z)]
+Options with a TRAINED shared projection (calibration/mlp_predictor.py: full-batch Adam from the ridge fit,
+step count chosen on a validation slice of the fit windows, then refitted on all fit windows):
+  mlpR      f = [z, silu(P z + q)]             P [R, H], q [R] shared by the layer, heads [a_u, c_u, b_u]
+  mlpR_only f = [silu(P z + q)]                (no a_u . z term)
+  mlpR_rl   f = [z, silu(P [z, logits] + q)]   (the nonlinearity also reads the router logits)
 Writes STEM.json: per layer and option the held-out R^2, Spearman of the removal cost w^2 ||E_u||^2,
 retained true removal energy of the top-M by predicted cost (decode batches of B tokens at one position)
 and the oracle's, plus each option's serving cost per token (MACs and predictor bytes).
@@ -42,6 +47,7 @@ import torch
 from base_sglang.calibration.collect import LOG_EPS, capture, routed_outputs, run_forward
 from base_sglang.calibration.config import CalibrationConfig, run_cli
 from base_sglang.calibration.fit import spearman, top_m_mask
+from base_sglang.calibration.mlp_predictor import MLPConfig, fit_mlp, mlp_features
 from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
 
 OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256", "linear_w1", "linear_w2",
@@ -54,6 +60,16 @@ def neuron_spec(option: str) -> tuple[str, int, bool] | None:
     """(kind "neuron" | "nenergy", r, only) of a neuron option, None for the others."""
     m = re.fullmatch(r"(neuron|nenergy)(\d+)(_only)?", option)
     return (m.group(1), int(m.group(2)), bool(m.group(3))) if m else None
+
+
+def mlp_spec(option: str) -> tuple[int, str] | None:
+    """(R, variant "" | "only" | "rl") of a trained-projection option, None for the others."""
+    m = re.fullmatch(r"mlp(\d+)(?:_(only|rl))?", option)
+    if m is None:
+        return None
+    if int(m.group(1)) < 1:
+        raise ValueError(f"options: {option} needs a rank R >= 1")
+    return int(m.group(1)), m.group(2) or ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--neuron-rule", default="energy", choices=NEURON_RULES,
                    help="how the neuron options pick S_u on the fit rows")
+    p.add_argument("--mlp-steps", type=int, default=MLPConfig.max_steps,
+                   help="max full-batch Adam steps of the mlpR options' selection run")
+    p.add_argument("--mlp-weight-decay", type=float, default=MLPConfig.weight_decay,
+                   help="relative L2 on the mlpR options' heads c_u and projection P")
     return p
 
 
@@ -102,6 +122,13 @@ def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> d
     expert / one expert's bytes (3IH); a kernel that gathers the rows from the resident expert weights
     stores nothing extra but still reads that fraction of every expert the batch touches.
     """
+    ms = mlp_spec(option)
+    if ms is not None:  # shared P [R, D] (+ q) once per token; per slot a dot product with the head
+        R, var = ms
+        D = H + (E if var == "rl" else 0)
+        head = R + (0 if var == "only" else H)
+        return {"features": head, "macs_per_token": R * D + K * head,
+                "bytes_per_layer": 2 * (R * D + R + E * (head + 1))}
     spec = neuron_spec(option)
     if spec is not None:
         if I is None:
@@ -226,6 +253,30 @@ def print_summary(result: dict, budgets) -> None:
               f"{'' if frac is None else f'{frac:.4f}':>12s}")
 
 
+def mlp_option(option: str, fit, held, cfg: CalibrationConfig, mlp_cfg: MLPConfig, B: int, budgets):
+    """Train one mlpR option of one layer on the fit rows and score it on the held-out rows:
+    (layer_metrics, training info). fit / held = (z, logits, w, ids, norms) of collect()."""
+    R, var = mlp_spec(option)
+    z, lg, w, ids, norms = fit
+    hz, hlg, hw, hids, hn = held
+    T, K = ids.shape
+    tok_idx = torch.arange(T).repeat_interleave(K)  # [T*K]
+    e, y = ids.reshape(-1), torch.log(norms + LOG_EPS)  # [T*K], [T, K]
+    zl = None if var == "only" else z.float()
+
+    def ridge_fit(n: int):  # ridge of the linear part on the first n tokens (no features: the mean)
+        m = tok_idx < n
+        return ridge(z.float()[:n, :0] if zl is None else zl[:n], y.reshape(-1)[m], e[m], tok_idx[m],
+                     lg.shape[1], cfg.ridge)
+
+    def nl_input(zz, ll):  # [T, D]
+        return torch.cat([zz.float(), ll.float()], 1) if var == "rl" else zz.float()
+
+    f = fit_mlp(nl_input(z, lg), zl, ids, y, lg.shape[1], R, cfg.ridge, ridge_fit, mlp_cfg, cfg.seq_len)
+    feats = mlp_features(nl_input(hz, hlg), None if zl is None else hz, f.proj, f.shift)
+    return layer_metrics(f.theta, feats, hw, hids, hn, cfg.seq_len, B, budgets), f.info
+
+
 def run(args) -> int:
     from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
     from base_sglang.calibration.pipeline import split_windows
@@ -235,9 +286,10 @@ def run(args) -> int:
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     for o in options:
-        if o not in OPTIONS and neuron_spec(o) is None:
+        if o not in OPTIONS and neuron_spec(o) is None and mlp_spec(o) is None:
             raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS} or "
-                             f"neuronR / neuronR_only / nenergyR / nenergyR_only (R neurons)")
+                             f"neuronR / neuronR_only / nenergyR / nenergyR_only (R neurons) or "
+                             f"mlpR / mlpR_only / mlpR_rl (trained rank-R projection)")
     t0 = time.time()
     model, tok = load_model(args.model, "cpu", "float32")
     blocks = find_moe_blocks(model, require=True)
@@ -250,6 +302,7 @@ def run(args) -> int:
                          f"got {r_max}")
     cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,
                             heldout_every=args.heldout_every)
+    mlp_cfg = MLPConfig(max_steps=args.mlp_steps, weight_decay=args.mlp_weight_decay)
     docs = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
     fit_w, held_w = split_windows(docs, cfg)
     fit, held = collect(model, blocks, fit_w), collect(model, blocks, held_w)
@@ -258,7 +311,7 @@ def run(args) -> int:
     q = QWEN3_30B_A3B
     result = {"layers": {}, "cost": {o: serving_cost(o, H, E, K, I) for o in options},
               "cost_qwen3_30b_a3b": {o: serving_cost(o, q["H"], q["E"], q["K"], q["I"])
-                                     for o in options}}
+                                     for o in options}, "mlp_fit": {}}
     for j in sorted(blocks):
         z, lg, w, ids, norms = fit[j]
         tok_idx = torch.arange(z.shape[0]).repeat_interleave(K)  # [T*K]
@@ -278,6 +331,13 @@ def run(args) -> int:
                 neuron_cols[("neuron", r)] = (fp.reshape(-1, 1), hp[..., None])
                 neuron_cols[("nenergy", r)] = (fq.reshape(-1, 1), hq[..., None])
         for o in options:
+            if mlp_spec(o) is not None:
+                t1 = time.time()
+                result["layers"][str(j)][o], info = mlp_option(o, fit[j], held[j], cfg, mlp_cfg,
+                                                               args.batch_size, budgets)
+                result["mlp_fit"].setdefault(str(j), {})[o] = {**info,
+                                                               "seconds": round(time.time() - t1, 1)}
+                continue
             spec = neuron_spec(o)
             if spec is not None:
                 fcol, hcol = neuron_cols[spec[:2]]
@@ -306,6 +366,7 @@ def run(args) -> int:
                       "neuron_rule": f"{args.neuron_rule}: S_u = top-R "
                       f"{'mean' if args.neuron_rule == 'energy' else 'variance'} of h_j^2 ||d_j||^2 "
                       "over the fit rows routed to u",
+                      "mlp_config": mlp_cfg.__dict__ if any(mlp_spec(o) for o in options) else None,
                       "seconds": round(time.time() - t0, 1), **environment()}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -138,3 +138,63 @@ def test_sample_weights_of_the_ridge():
     torch.testing.assert_close(ridge(feats, y, e, tok, 2, 0.0, sample_w=keep.float()),
                                ridge(feats[keep], y[keep], e[keep], torch.arange(39), 2, 0.0),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_mlp_option_fits_a_nonlinear_target_better_than_linear():
+    """y_u = a_u.z + c_u |v.z| (a shared nonlinear direction): mlp8 beats the ridge on held-out rows."""
+    import torch
+
+    from base_sglang.calibration.mlp_predictor import MLPConfig, fit_mlp, mlp_features
+    from base_sglang.calibration.predictor_study import ridge
+
+    g = torch.Generator().manual_seed(0)
+    T, H, E, K, win = 1200, 12, 4, 2, 20
+    z = torch.randn(T + 400, H, generator=g) * 3 + 1  # raw scale and offset: the fit standardises
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T + 400)])  # [T', K]
+    a, c, v = torch.randn(E, H, generator=g) * 0.1, torch.randn(E, generator=g), torch.randn(H, generator=g)
+    y = (z @ a.T).gather(1, ids) + c[ids] * (z @ v / H ** 0.5).abs()[:, None]  # [T', K]
+    y = y + 0.05 * torch.randn(y.shape, generator=g)
+    tok = torch.arange(T).repeat_interleave(K)
+
+    def ridge_fit(n):
+        m = tok < n
+        return ridge(z[:n], y[:T].reshape(-1)[m], ids[:T].reshape(-1)[m], tok[m], E, 1e-3)
+
+    f = fit_mlp(z[:T], z[:T], ids[:T], y[:T], E, 8, 1e-3, ridge_fit, MLPConfig(max_steps=300, lr=3e-2), win)
+    assert f.theta.shape == (E, H + 8 + 1) and f.proj.shape == (8, H) and f.info["best_step"] > 0
+
+    def held_mse(theta, feats):  # theta [E, F+1], feats [400, F]
+        th = theta[ids[T:]]  # [400, K, F+1]
+        pred = torch.einsum("tf,tkf->tk", feats, th[..., :-1]) + th[..., -1]
+        return float((pred - y[T:]).square().mean())
+
+    lin = held_mse(ridge_fit(T), z[T:])
+    mlp = held_mse(f.theta, mlp_features(z[T:], z[T:], f.proj, f.shift))
+    assert mlp < 0.5 * lin, (mlp, lin)
+    assert f.info["val_mse"] < f.info["val_mse_step0"]  # step 0 is the ridge fit of the train slice
+
+
+def test_mlp_options_run_in_the_study_and_bad_names_fail(tiny_ckpt, tiny_data, tmp_path, capsys):
+    ckpt = tiny_ckpt("qwen3_moe")
+    assert main(["--model", str(ckpt), "--data", str(tiny_data), "--out", str(tmp_path / "m"),
+                 "--options", "linear,mlp4,mlp4_only,mlp4_rl", "--batch-size", "4", "--mlp-steps", "30",
+                 *ARGS]) == 0
+    res = json.loads((tmp_path / "m.json").read_text())
+    for layer, opts in res["layers"].items():
+        for o in ("mlp4", "mlp4_only", "mlp4_rl"):
+            assert -10 < opts[o]["r2"] <= 1 and 0 <= opts[o]["energy_pred@2"] <= 1 + 1e-6
+            assert 0 <= res["mlp_fit"][layer][o]["best_step"] <= 30
+    assert res["summary"]["mlp4"]["gap_closed@2"] is not None
+    capsys.readouterr()
+    for bad in ("mlp", "mlp0", "mlp4_foo"):
+        assert main(["--model", str(ckpt), "--data", str(tiny_data), "--out", str(tmp_path / "x"),
+                     "--options", f"linear,{bad}", *ARGS]) == 2
+        assert "options:" in capsys.readouterr().err
+
+
+def test_mlp_serving_cost():
+    c = serving_cost("mlp32", 256, 64, 8)
+    assert c == {"features": 288, "macs_per_token": 32 * 256 + 8 * 288,
+                 "bytes_per_layer": 2 * (32 * 256 + 32 + 64 * 289)}
+    assert serving_cost("mlp16_only", 256, 64, 8)["macs_per_token"] == 16 * 256 + 8 * 16
+    assert serving_cost("mlp16_rl", 256, 64, 8)["macs_per_token"] == 16 * 320 + 8 * 272
