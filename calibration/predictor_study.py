@@ -193,7 +193,6 @@ def collect(model, blocks, wins: list[list[int]]):
 def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets, extra=None) -> dict:
     """Held-out R^2 / Spearman / retained energy of one fitted option (extra [T, K, X] per-slot
     columns of a neuron option)."""
-    T, K = ids.shape
     E, F = theta.shape[0], feats.shape[1]
     th = theta[ids]  # [T, K, F+X+1]
     yhat = torch.einsum("tf,tkf->tk", feats, th[..., :F]) + th[..., -1]  # [T, K]
@@ -204,6 +203,15 @@ def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets, extra=
     c_pred = w.float().square() * torch.exp(2 * yhat)  # [T, K]
     out = {"r2": float(1 - (y - yhat).square().sum() / (y - y.mean()).square().sum()),
            "spearman_cost": spearman(c_pred.reshape(-1), c_true.reshape(-1))}
+    for m, (pred, oracle) in retained_energy(c_pred, c_true, ids, E, seq, B, budgets).items():
+        out[f"energy_pred@{m}"], out[f"energy_oracle@{m}"] = pred, oracle
+    return out
+
+
+def retained_energy(c_pred, c_true, ids, E: int, seq: int, B: int, budgets) -> dict:
+    """M -> (true removal energy kept by the top-M of the predicted batch scores, the oracle's):
+    decode batches of B windows of `seq` tokens at one position. c_pred, c_true, ids [T, K]."""
+    T = ids.shape[0]
     nb = T // seq // B  # decode batches: B windows at one position
     idx = torch.arange(nb * B * seq).view(nb, B, seq).permute(0, 2, 1).reshape(-1, B)  # [S, B]
 
@@ -213,10 +221,8 @@ def layer_metrics(theta, feats, w, ids, norms, seq: int, B: int, budgets, extra=
 
     d_true, d_pred = score(c_true), score(c_pred)
     union = score(torch.ones_like(c_true)) > 0
-    for m in budgets:
-        for name, d in (("pred", d_pred), ("oracle", d_true)):
-            out[f"energy_{name}@{m}"] = float((d_true * top_m_mask(d, m, union)).sum() / d_true.sum())
-    return out
+    return {m: tuple(float((d_true * top_m_mask(d, m, union)).sum() / d_true.sum())
+                     for d in (d_pred, d_true)) for m in budgets}
 
 
 def summarise(layers: dict, options: list[str], budgets) -> dict:

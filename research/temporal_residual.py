@@ -26,7 +26,6 @@ import torch
 from base_sglang.calibration import predictor_study as ps
 from base_sglang.calibration.collect import LOG_EPS
 from base_sglang.calibration.config import CalibrationConfig
-from base_sglang.calibration.fit import top_m_mask
 
 
 def prev_residual(ids: torch.Tensor, r: torch.Tensor, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,21 +42,9 @@ def prev_residual(ids: torch.Tensor, r: torch.Tensor, seq: int) -> tuple[torch.T
 
 
 def retained(yhat, w, ids, norms, E: int, seq: int, B: int, budgets) -> dict:
-    """True removal energy kept by the top-M of predicted batch scores, and the oracle's, per M."""
-    T = ids.shape[0]
+    """M -> (energy kept by the top-M of the predicted scores, the oracle's): predictor_study's."""
     c_true = w.float().square() * norms.square()  # [T, K]
-    c_pred = w.float().square() * torch.exp(2 * yhat)
-    nb = T // seq // B
-    idx = torch.arange(nb * B * seq).view(nb, B, seq).permute(0, 2, 1).reshape(-1, B)  # [steps, B]
-
-    def score(v):  # [T, K] -> [steps, E]
-        return torch.zeros(idx.shape[0], E).scatter_add_(1, ids[idx].reshape(idx.shape[0], -1),
-                                                          v[idx].reshape(idx.shape[0], -1).float())
-
-    d_true, d_pred = score(c_true), score(c_pred)
-    union = score(torch.ones_like(c_true)) > 0
-    return {m: [float((d_true * top_m_mask(d, m, union)).sum() / d_true.sum()) for d in (d_pred, d_true)]
-            for m in budgets}
+    return ps.retained_energy(w.float().square() * torch.exp(2 * yhat), c_true, ids, E, seq, B, budgets)
 
 
 def predict(theta: torch.Tensor, z: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
