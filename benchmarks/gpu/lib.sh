@@ -11,6 +11,9 @@
 #   run_part NAME SECS CMD...  CMD under `timeout SECS` (capped by DEADLINE_S when set: never past
 #                          it, skipped when under 60 s remain); its rc and time into RESULT[NAME]
 #   part_summary           one line per part of RESULT
+#   decode_run DIR LOG SECS ENV_ARG... -- ARG...  one bench_decode.py run in SGLang (uniform-random
+#                          routing, plugin on, results in DIR, output in LOG) under `timeout SECS`
+#                          and `env ENV_ARG...` (e.g. BASE_FOLD=off, or -u BASE_POLICY)
 
 BUNDLE_DIR=${BUNDLE_DIR:-/tmp/sgl-bundle}
 STARTED_GROUPS=()
@@ -133,4 +136,13 @@ part_summary() {
     log "summary"
     local k
     for k in "${!RESULT[@]}"; do echo "  $k: ${RESULT[$k]}"; done
+}
+
+decode_run() {  # decode_run DIR LOG SECS ENV_ARG... -- ARG...
+    local dir=$1 logf=$2 secs=$3 envs=(); shift 3
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    mkdir -p "$dir"
+    timeout -k 15 "$secs" env "${envs[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
+        --routing uniform-random --plugin on --out "$dir" "$@" > "$logf" 2>&1
 }

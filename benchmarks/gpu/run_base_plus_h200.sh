@@ -22,10 +22,8 @@ PARTS=("$@")
 status=0
 decode() {  # decode POLICY OUT_DIR LOG ARGS...   (POLICY "" = the plugin's default)
     local policy=$1 dir=$2 logf=$3 pol; shift 3
-    if [ -n "$policy" ]; then pol=(env BASE_POLICY="$policy"); else pol=(env -u BASE_POLICY); fi
-    mkdir -p "$dir"
-    timeout -k 15 "${DECODE_S:-230}" "${pol[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
-        --routing uniform-random --plugin on --profile-batch 0 --out "$dir" "$@" > "$logf" 2>&1 || status=1
+    if [ -n "$policy" ]; then pol=(BASE_POLICY="$policy"); else pol=(-u BASE_POLICY); fi
+    decode_run "$dir" "$logf" "${DECODE_S:-230}" "${pol[@]}" -- --profile-batch 0 "$@" || status=1
     grep -E "^ ?[0-9]+ |^ B |^--|policy" "$logf" | tail -12 || true
 }
 for part in "${PARTS[@]}"; do

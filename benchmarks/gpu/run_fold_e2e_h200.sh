@@ -20,11 +20,8 @@ export BASE_COMMIT=${BASE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || ec
 for fold in ${FOLDS:-auto off}; do
     name=e2e_fold; [ "$fold" = off ] && name=e2e_nofold
     log "=== SGLang decode, BASE_FOLD=$fold ($name)"
-    mkdir -p "$OUT/$name"
-    timeout -k 15 "${DECODE_S:-230}" env BASE_FOLD="$fold" bash benchmarks/gpu/sgl_exec.sh \
-        python3 benchmarks/gpu/bench_decode.py --routing uniform-random --plugin on --profile-batch 0 \
-        --out "$OUT/$name" --batches 1 8 16 --budgets dense 16 4 \
-        --time-budget "${DECODE_BUDGET_S:-140}" > "$OUT/$name.log" 2>&1 || status=1
+    decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-230}" BASE_FOLD="$fold" -- --profile-batch 0 \
+        --batches 1 8 16 --budgets dense 16 4 --time-budget "${DECODE_BUDGET_S:-140}" || status=1
     grep -E "folded into|^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | cut -c1-200 | tail -12 || true
 done
 exit $status

@@ -24,12 +24,10 @@ for kernel in ${KERNELS:-fused two}; do
     n=$(( ${seen[$kernel]:-0} + 1 )); seen[$kernel]=$n
     name=e2e_$kernel; [ "$n" -gt 1 ] && name=${name}_$n
     log "=== SGLang decode, selection kernel: $kernel ($name)"
-    if [ "$kernel" = fused ]; then sel=(env -u BASE_SELECT_KERNEL); else sel=(env BASE_SELECT_KERNEL=two); fi
-    mkdir -p "$OUT/$name"
-    timeout -k 15 "${DECODE_S:-240}" "${sel[@]}" bash benchmarks/gpu/sgl_exec.sh python3 benchmarks/gpu/bench_decode.py \
-        --routing uniform-random --plugin on --profile-batch "$([ "${PROFILE:-0}" = 1 ] && echo 16 || echo 0)" \
-        --out "$OUT/$name" --batches 16 --budgets dense 128 16 10 \
-        --time-budget "${DECODE_BUDGET_S:-150}" > "$OUT/$name.log" 2>&1 || status=1
+    if [ "$kernel" = fused ]; then sel=(-u BASE_SELECT_KERNEL); else sel=(BASE_SELECT_KERNEL=two); fi
+    decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-240}" "${sel[@]}" -- \
+        --profile-batch "$([ "${PROFILE:-0}" = 1 ] && echo 16 || echo 0)" --batches 16 \
+        --budgets dense 128 16 10 --time-budget "${DECODE_BUDGET_S:-150}" || status=1
     grep -E "^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | tail -8 || true
 done
 exit $status
