@@ -338,13 +338,16 @@ def check_fused_moe() -> None:
                    rel_err_vs_fp32=rel, deterministic=torch.equal(y1, y2))
 
 
-MOE_PATHS = {"grouped": False, "pair": True}  # pair_major
+MOE_PATHS = {"grouped": dict(pair_major=False, one_launch=False),
+             "pair": dict(pair_major=True, one_launch=False),
+             "one": dict(pair_major=False, one_launch=True),
+             "one2": dict(pair_major=False, one_launch=True, ctas_per_sm=2)}
 
 
-def moe_config(T: int, E: int, K: int, pair_major: bool):
+def moe_config(T: int, E: int, K: int, path: dict):
     import dataclasses
 
-    return dataclasses.replace(default_config(T, E, K), pair_major=pair_major)
+    return dataclasses.replace(default_config(T, E, K), **path)
 
 
 def check_moe_paths() -> None:
@@ -371,9 +374,10 @@ def check_moe_paths() -> None:
                 zero_row = T == 1 or bool((y[-1] == 0).all())
                 record(f"moe/{shape}/T={T}/{name}", rel < 1e-2 and torch.equal(y, again) and zero_row,
                        rel_err_vs_fp32=rel, deterministic=torch.equal(y, again), zero_row=zero_row)
-            rel = ((outs["pair"].float() - outs["grouped"].float()).norm()
-                   / outs["grouped"].float().norm()).item()
-            record(f"moe/{shape}/T={T}/pair_vs_grouped", rel < 1e-2, rel=rel)
+            for other in ("pair", "one", "one2"):
+                rel = ((outs[other].float() - outs["grouped"].float()).norm()
+                       / outs["grouped"].float().norm()).item()
+                record(f"moe/{shape}/T={T}/{other}_vs_grouped", rel < 1e-2, rel=rel)
 
 
 def check_moe_graph() -> None:
@@ -383,7 +387,7 @@ def check_moe_graph() -> None:
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
     pred = make_predictor(E, H)
     gate_up, down = make_experts(E, H, I, seed=1)
-    for T, path in ((1, "pair"), (16, "grouped")):
+    for T, path in ((1, "pair"), (16, "grouped"), (1, "one"), (16, "one"), (32, "one2")):
         r = make_routing(T, E, K, True, seed=3)
         hidden = torch.randn(T, H, device=DEVICE).bfloat16()
         budget = torch.full((T,), 10, dtype=torch.int64, device=DEVICE)
@@ -401,18 +405,20 @@ def check_moe_graph() -> None:
     T = 16
     r = make_routing(T, E, K, True, seed=5)
     hidden = torch.randn(T, H, device=DEVICE).bfloat16()
-    cfg = moe_config(T, E, K, False)
-    want = fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg)
-    streams = [torch.cuda.Stream() for _ in range(2)]
-    outs = [[], []]
-    for st in streams:
-        st.wait_stream(torch.cuda.current_stream())
-    for _ in range(20):
-        for i, st in enumerate(streams):
-            with torch.cuda.stream(st):
-                outs[i].append(fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg))
-    torch.cuda.synchronize()
-    record("moe_two_streams", all(torch.equal(y, want) for o in outs for y in o), launches=40)
+    for path in ("grouped", "one"):  # one: each stream has its own sync entries
+        cfg = moe_config(T, E, K, MOE_PATHS[path])
+        want = fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg)
+        streams = [torch.cuda.Stream() for _ in range(2)]
+        outs = [[], []]
+        for st in streams:
+            st.wait_stream(torch.cuda.current_stream())
+        for _ in range(20):
+            for i, st in enumerate(streams):
+                with torch.cuda.stream(st):
+                    outs[i].append(fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg))
+        torch.cuda.synchronize()
+        record(f"moe_two_streams/{path}", all(torch.equal(y, want) for o in outs for y in o),
+               launches=40)
 
 
 def check_sched() -> None:

@@ -11,6 +11,7 @@
     moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
     moe_combine          weighted sum of each token's pair outputs (deterministic)
     fused_moe            moe_align + moe_gemm x2 + moe_combine: the expert-skipping bf16 MoE
+    moe_one              the same layer in one persistent launch (fused_moe's one_launch path)
 
 Triton is imported on first use of a name, so `import base_sglang.kernels` works without it.
 """
@@ -34,6 +35,7 @@ _WHERE = {
     "moe_gemm": "moe_gemm",
     "moe_combine": "moe_combine",
     "fused_moe": "fused_moe",
+    "moe_one": "moe_one",
 }
 __all__ = list(_WHERE)
 
@@ -50,7 +52,7 @@ def __getattr__(name: str):
 class _Package(types.ModuleType):
     """Importing a submodule sets the package attribute of its name to the module (after the
     submodule ran, so nothing inside it can prevent that): base_score, base_select, moe_align,
-    moe_combine, moe_gemm and fused_moe would then shadow the functions of the same name, and
+    moe_combine, moe_gemm, moe_one and fused_moe would then shadow the functions of the same name, and
     `from base_sglang.kernels import fused_moe` would depend on import order. Reading such an
     attribute returns the function; the modules stay importable by their dotted names."""
 

@@ -8,6 +8,8 @@ Fixed shapes for given (T, K, E, H, I), no host sync: graph-capturable, determin
     grouped     align -> up GEMM -> down GEMM -> combine      (4)
     pair_major  up GEMM -> down GEMM -> combine               (3: every slot its own one-row
                                                                  block, straight from ids)
+    one_launch  align, up, down and combine in one persistent launch (1: moe_one.py; the up
+                tiles' num_warps / num_stages serve the whole launch)
 default_config takes the tuned config of the GPU and shape (moe_configs) or a heuristic; pair-major
 wins at T = 1 (a top-k router's slots are distinct experts: each kept expert is still read once)
 and at T = 2 with many experts per slot. This is base_sglang.core.moe_forward_ref
@@ -25,7 +27,8 @@ from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor
+from base_sglang.kernels.moe_one import moe_one
+from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor, num_sms
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,15 @@ class MoeConfig:
     up: GemmConfig = GemmConfig(block_n=32, block_k=128, num_warps=4, num_stages=4)
     down: GemmConfig = GemmConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
     pair_major: bool = False  # each slot its own one-row block: no align launch
+    one_launch: bool = False  # the whole layer in one persistent launch (moe_one)
+    ctas_per_sm: int = 1  # one_launch: programs per SM
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
         return MoeConfig(block_m=int(d["block_m"]), pair_major=bool(d["pair_major"]),
-                         up=GemmConfig(**d["up"]), down=GemmConfig(**d["down"]))
+                         up=GemmConfig(**d["up"]), down=GemmConfig(**d["down"]),
+                         one_launch=bool(d.get("one_launch", False)),
+                         ctas_per_sm=int(d.get("ctas_per_sm", 1)))
 
 
 LARGE_EXPERT = 4096  # intermediate size from which an expert's weights stream best in BLOCK_K 256
@@ -120,6 +127,12 @@ def fused_moe(
     ids = ids.contiguous()
     weights = weights.contiguous()
     cfg = config or default_config(T, E, K, max_experts, hidden=H, inter=I, gpu=device_name(dev))
+    if cfg.one_launch:
+        return moe_one(hidden, ids, weights, gate_up, down, block_m=cfg.block_m,
+                       up=(cfg.up.block_n, cfg.up.block_k),
+                       down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
+                       num_stages=cfg.up.num_stages,
+                       programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up, ids=ids)

@@ -2,9 +2,9 @@
 # Issue 12 on one H200, one device call (< 9 min): fused_moe's launch structures and tiles.
 #   1. check_kernels_gpu.py --only moe: every structure == the fp32 reference at three shapes, graph
 #      replays == eager, two streams, base_sched in both selection kernels -> OUT/checks.json, check_moe.log
-#   2. tests/kernels on CUDA (and the base_score strided test alone, verbose) -> OUT/pytest.log
-#   3. gpu/sweep_moe.py: grouped / pair-major per (shape, T, routing), then a tile search on the
-#      faster one                                  -> OUT/sweep_moe.json, sweep.log
+#   2. tests/kernels on CUDA, or PYTEST_PATHS (and the base_score strided test alone) -> OUT/pytest.log
+#   3. gpu/sweep_moe.py: grouped / pair-major / one-launch per (shape, T, routing), then a tile
+#      search on the fastest (SWEEP_SHAPES, SWEEP_T, SWEEP_TILE_T, SWEEP_S) -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
 #   extend (only when named): sweep EXTEND_T (default 4,128), merge it with EXTEND_BASE (earlier
 #      sweep files) into kernels/configs/NVIDIA_H200.json, bench those T with it -> OUT/
@@ -28,12 +28,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 for part in $PARTS; do
     case "$part" in
         check) echo "=== checks"
-            timeout -k 10 120 python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" \
+            timeout -k 10 ${CHECK_S:-120} python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" \
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
             (cd "${PKG:-$ROOT}" && timeout -k 10 150 python3 -m pytest -q -rfE -p no:cacheprovider \
-                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/kernels" \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-$ROOT/tests/kernels} \
                 > "$OUT/pytest.log" 2>&1) || status=1
             (cd "${PKG:-$ROOT}" && timeout -k 10 40 python3 -m pytest -q -x -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" \
@@ -41,8 +41,9 @@ for part in $PARTS; do
                 | tail -60 >> "$OUT/pytest.log")
             grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest.log" | tail -8 ;;
         sweep) echo "=== launch structures and tiles"
-            timeout -k 10 350 python3 benchmarks/gpu/sweep_moe.py --out "$OUT" --budget-s 320 \
-                --tokens 1,2,8,16,32,64 --tile-tokens 1,2,8,16,32,64 \
+            timeout -k 10 $(( ${SWEEP_S:-320} + 30 )) python3 benchmarks/gpu/sweep_moe.py --out "$OUT" \
+                --budget-s ${SWEEP_S:-320} --shapes ${SWEEP_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
+                --tokens ${SWEEP_T:-1,2,8,16,32,64} --tile-tokens ${SWEEP_TILE_T:-1,2,8,16,32,64} \
                 > "$OUT/sweep.log" 2>&1 || status=1
             grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -45 ;;
         bench) echo "=== MoE layer at T = 1, 8 (Qwen3) with SGLang's align timed"

@@ -6,6 +6,7 @@ For each shape, T and routing (dense top-k, and BASE at M=16, M=4 for E=8) it ti
 bench_fused_moe does (CUDA graph of 10 calls, median of 15 replays, 3 rotating weight copies):
     grouped   align -> up -> down -> combine                  4 launches, default tiles
     pair      pair-major (no align) -> combine                3          (T <= 4 only)
+    one/one2  the whole layer in one persistent launch, 1 or 2 programs per SM (T <= 32)
 then, for --tile-tokens, a coordinate search (BLOCK_M, up tiles, down tiles, grid order of each
 GEMM) on the faster structure. (An earlier version also timed the combine folded into the down GEMM
 and an L2 prefetch of the down weights before the PDL wait: both measured slower or equal, and
@@ -53,10 +54,17 @@ DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 12
         GemmConfig(128, 128, 8, 4)]
 
 
+ONE_MAX_T = 32  # the one-launch structure is timed up to this T
+
+
 def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
-    out = {"grouped": dataclasses.replace(base, pair_major=False)}
+    out = {"grouped": dataclasses.replace(base, pair_major=False, one_launch=False)}
     if T <= 4:
-        out["pair"] = dataclasses.replace(base, pair_major=True)
+        out["pair"] = dataclasses.replace(base, pair_major=True, one_launch=False)
+    if T <= ONE_MAX_T:
+        one = dataclasses.replace(out["grouped"], one_launch=True)
+        out["one"] = one
+        out["one2"] = dataclasses.replace(one, ctas_per_sm=2)
     return out
 
 
@@ -64,11 +72,17 @@ def short(cfg: dict) -> str:
     """bm/pm up(n,k,w,s,order) down(...) in one token, for the log."""
     def g(c):
         return f"{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']}{'n' if c['n_fast'] else 'b'}"
-    return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
+    one = f"O{cfg.get('ctas_per_sm', 1)}" if cfg.get("one_launch") else ""
+    return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}{one}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
 
 
 def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
-    """One coordinate of the tile search around cfg."""
+    """One coordinate of the tile search around cfg (one_launch: no grid order, programs per SM)."""
+    if stage == "ctas":
+        return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3)
+                if cfg.one_launch and c != cfg.ctas_per_sm]
+    if stage == "order" and cfg.one_launch:
+        return []
     if stage == "bm":  # larger row blocks only where the mean pairs per expert could fill them
         return [dataclasses.replace(cfg, block_m=bm) for bm in (32, 64)
                 if not cfg.pair_major and bm <= 2 * max(1, pairs // max(n_read, 1))]
@@ -127,15 +141,20 @@ def main() -> int:
                     n_read = int(torch.unique(ids[ids >= 0]).numel())
                     floor = n_read * 3 * H * I * 2 / (bw * 1e9) * 1e6
                     ref = fused_moe(hidden, ids, w, gus[0], dns[0], config=dataclasses.replace(
-                        default_config(T, E, K), pair_major=False)).float()
+                        default_config(T, E, K), pair_major=False, one_launch=False)).float()
 
                     def timed(cfg, ids=ids, w=w, hidden=hidden, ref=ref, gus=gus, dns=dns):
-                        y = fused_moe(hidden, ids, w, gus[0], dns[0], config=cfg).float()
-                        rel = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                        if not rel < 1e-2:
-                            raise RuntimeError(f"output differs from the grouped default: {rel:.2e}")
-                        return graph_time_us(rotating(
-                            lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)))  # noqa: B023
+                        try:  # a config that fails (e.g. a cooperative grid too large) is skipped
+                            y = fused_moe(hidden, ids, w, gus[0], dns[0], config=cfg).float()
+                            rel = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                            if not rel < 1e-2:
+                                raise RuntimeError(f"output differs from the grouped default: {rel:.2e}")
+                            return graph_time_us(rotating(
+                                lambda i: fused_moe(hidden, ids, w, gus[i], dns[i], config=cfg)))  # noqa: B023
+                        except Exception as exc:  # noqa: BLE001
+                            print(f"  {short(dataclasses.asdict(cfg))}: {type(exc).__name__}: "
+                                  f"{str(exc)[:160]}", flush=True)
+                            return float("inf")
 
                     base = default_config(T, E, K, None if label == "dense" else m_base)
                     times = {name: timed(cfg) for name, cfg in structures(base, T).items()}
@@ -147,7 +166,7 @@ def main() -> int:
                         cfg = structures(base, T)[best_name]
                         best_t = times[best_name]
                         trials = []
-                        for stage in ("bm", "order", "up", "down", "order"):
+                        for stage in ("bm", "order", "ctas", "up", "down", "order"):
                             for c in candidates(stage, cfg, T * K, n_read):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))

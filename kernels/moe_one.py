@@ -1,0 +1,285 @@
+"""The whole expert-skipping MoE in ONE persistent launch: align, gate/up, down and combine.
+
+    y[t] = sum_k weights[t, k] * down[e] @ (silu(gate[e] @ x_t) * (up[e] @ x_t)),  e = ids[t, k]
+Same contract and weight layout as fused_moe (gate_up [E, 2I, H], down [E, H, I], -1 = dropped
+slot, an expert no slot keeps is never read). At small T the four launches of fused_moe each pay a
+launch, a ramp and a tail; here a grid of G programs (about one per SM, a cooperative launch, so all
+are resident) walks one list of work units, program p taking units p, p + G, p + 2G, ...:
+    align    (every program, redundantly, no launch) histogram of ids over E -> the n active experts
+             in ascending id, j -> e_j; the rows of e_j are its pairs in ascending slot order
+    up       units (j, n-tile of I)  act[pair, tile] = silu(x gate^T) * (x up^T), then arrive on
+             flag[j]
+    down     units (j, n-tile of H)  wait until flag[j] has all its arrivals, then
+             out[pair, tile] = act[pair] @ down[e_j]^T (fp32), then arrive on hcount[tile]
+    combine  the LAST down unit to arrive on hcount[tile] sums y[t, tile] = sum_k w[t,k] out[t*K+k]
+             in slot order (fp32, exactly moe_combine's sum): no wait, no extra unit
+Units are numbered up-then-down, expert-major, so a down unit only waits on units with smaller
+numbers: the lowest unfinished unit can always run, and the grid cannot deadlock.
+Synchronisation without memsets: one int32 buffer per (device, stream) holds [gen, flag[JMAX],
+hcount[NH]]; every launch adds exactly 2^BAR_BITS to every entry (the first arrival of each adds
+2^BAR_BITS minus the others' count, program 0 pads unused entries), so a program learns its launch's
+base from its own arrival on gen, and "complete" is "the high bits moved". Graph replays need
+nothing. Spins are bounded (~2^22 polls) so a broken counter cannot hang the GPU. Under the CPU
+interpreter (programs run one after another) the grid is one program per unit, in unit order, so
+every wait finds its flag already complete and the code is the code the GPU runs.
+Deterministic: every output element is computed by one program in a fixed order.
+Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
+tile, BN1/BN2 output columns per up/down unit, BK1/BK2 reduction steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from base_sglang.kernels.utils import (
+    FLOAT_DTYPES,
+    ID_DTYPES,
+    check,
+    check_tensor,
+    is_interpreter,
+    launch_kwargs,
+    num_sms,
+    use_pdl,
+)
+
+BAR_BITS = 20  # one launch moves every sync entry by 2^20
+
+
+@triton.jit
+def _arrive(ptr, inc):
+    """Release this program's stores, then add inc to *ptr; returns the old value."""
+    tl.debug_barrier()  # every thread's stores happen before the arrival
+    return tl.atomic_add(ptr, inc, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def _wait_moved(ptr, base, BAR_BITS: tl.constexpr):
+    """Spin until the high bits of *ptr leave base (all arrivals of this launch are in)."""
+    high = -(1 << BAR_BITS)
+    polls = 0
+    while ((tl.load(ptr, volatile=True) & high) == base) & (polls < (1 << 22)):
+        polls += 1
+    tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _expert_pairs(ids_all, valid, e):
+    """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
+    mine = valid & (ids_all == e)  # [BP]
+    mi = mine.to(tl.int32)
+    return mine, tl.cumsum(mi, axis=0) - mi, tl.sum(mi, axis=0)
+
+
+@triton.jit
+def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
+    """Rows r0 .. r0+BM-1 of an expert's pair list: pair [BM] int64, row mask [BM]."""
+    rows = r0 + tl.arange(0, BLOCK_M)  # [BM]
+    hit = mine[None, :] & (pos[None, :] == rows[:, None])  # [BM, BP]
+    pair = tl.sum(tl.where(hit, ps[None, :], 0), axis=1)  # [BM]
+    return pair.to(tl.int64), rows < cnt
+
+
+@triton.jit
+def _moe_one_kernel(
+    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr,
+    T, stride_x, stride_y, n_prog,
+    H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
+    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
+    BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
+    DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    NT1: tl.constexpr = (I + BN1 - 1) // BN1  # up units per expert
+    NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
+    if USE_PDL:  # wait for the producer kernel, then let the next launch start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    P = T * K
+    high = -(1 << BAR_BITS)
+    # ---- this launch's base: the program's own arrival on gen ---------------------------------
+    old = tl.atomic_add(sync_ptr, tl.where(pid == 0, (1 << BAR_BITS) - (n_prog - 1), 1),
+                        sem="relaxed", scope="gpu")
+    base = old & high
+    # ---- align, redundantly in every program ------------------------------------------------------
+    ps = tl.arange(0, BLOCK_P)  # [BP]
+    ids_all = tl.load(ids_ptr + ps, mask=ps < P, other=-1).to(tl.int32)  # [BP]
+    valid = (ids_all >= 0) & (ids_all < E) & (ps < P)
+    es = tl.arange(0, BLOCK_E)  # [BE]
+    active = (tl.histogram(tl.where(valid, ids_all, 0), BLOCK_E, mask=valid) > 0) & (es < E)
+    ai = active.to(tl.int32)
+    rank = tl.cumsum(ai, axis=0) - ai  # [BE] j of each active expert
+    n_act = tl.sum(ai, axis=0)
+    js = tl.arange(0, JMAX)  # [JMAX]
+    if pid == 0:  # pad the entries no unit of this launch arrives on
+        tl.atomic_add(sync_ptr + 1 + js, js * 0 + (1 << BAR_BITS), mask=js >= n_act,
+                      sem="relaxed", scope="gpu")
+        if n_act == 0:
+            for nh in range(NT2):
+                tl.atomic_add(sync_ptr + 1 + JMAX + nh, 1 << BAR_BITS, sem="relaxed", scope="gpu")
+            for t0 in range(0, T, BLOCK_TC):  # nothing kept anywhere: y = 0
+                ts = t0 + tl.arange(0, BLOCK_TC)  # [BTC]
+                for h0 in range(0, H, BN2):
+                    hh = h0 + tl.arange(0, BN2)  # [BN2]
+                    tl.store(y_ptr + ts[:, None] * stride_y + hh[None, :],
+                             tl.zeros([BLOCK_TC, BN2], dtype=y_ptr.dtype.element_ty),
+                             mask=(ts < T)[:, None] & (hh < H)[None, :])
+    u1 = n_act * NT1
+    total = u1 + n_act * NT2
+    for u in range(pid, total, n_prog):
+        if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
+            j = u // NT1
+            nt = u % NT1
+            e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
+            ns = nt * BN1 + tl.arange(0, BN1)  # [BN1]
+            nmask = ns < I
+            ks = tl.arange(0, BK1)  # [BK1]
+            mine, pos, cnt = _expert_pairs(ids_all, valid, e)
+            for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
+                pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
+                a_ptrs = x_ptr + (pair // K)[:, None] * stride_x + ks[None, :]  # [BM, BK1]
+                w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks[:, None]
+                acc = tl.zeros([BLOCK_M, BN1], dtype=tl.float32)
+                acc_up = tl.zeros([BLOCK_M, BN1], dtype=tl.float32)
+                for k0 in range(0, H, BK1):
+                    kmask = ks < H - k0
+                    a = tl.load(a_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+                    wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
+                    wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :],
+                                 other=0.0)
+                    if DOT_F32:  # the CPU interpreter computes bf16 dots wrongly
+                        a = a.to(tl.float32)
+                        wg = wg.to(tl.float32)
+                        wu = wu.to(tl.float32)
+                    acc = tl.dot(a, wg, acc)
+                    acc_up = tl.dot(a, wu, acc_up)
+                    a_ptrs += BK1
+                    w_ptrs += BK1
+                acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
+                tl.store(act_ptr + pair[:, None] * I + ns[None, :],
+                         acc.to(act_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
+            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, (1 << BAR_BITS) - (NT1 - 1), 1))
+        else:  # ---- down unit (j, tile of H), then the combine if it arrives last --------------
+            j = (u - u1) // NT2
+            nh = (u - u1) % NT2
+            e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
+            ns_d = nh * BN2 + tl.arange(0, BN2)  # [BN2]
+            nmask_d = ns_d < H
+            ks_d = tl.arange(0, BK2)  # [BK2]
+            _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
+            mine, pos, cnt = _expert_pairs(ids_all, valid, e)
+            for r0 in range(0, cnt, BLOCK_M):
+                pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
+                a_d_ptrs = act_ptr + pair[:, None] * I + ks_d[None, :]  # [BM, BK2]
+                w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
+                acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
+                for k0 in range(0, I, BK2):
+                    kmask = ks_d < I - k0
+                    a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
+                                  cache_modifier=".cg")  # written in this launch: via L2
+                    w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
+                    if DOT_F32:
+                        a_d = a_d.to(tl.float32)
+                        w_d = w_d.to(tl.float32)
+                    acc_d = tl.dot(a_d, w_d, acc_d)
+                    a_d_ptrs += BK2
+                    w_d_ptrs += BK2
+                tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
+                         mask=rmask[:, None] & nmask_d[None, :])
+            inc = tl.where(j == 0, (1 << BAR_BITS) - (n_act - 1), 1)
+            old_h = _arrive(sync_ptr + 1 + JMAX + nh, inc)
+            if old_h + inc == base + (1 << BAR_BITS):  # every expert's tile nh is in: combine it
+                tl.debug_barrier()
+                for t0 in range(0, T, BLOCK_TC):
+                    ts = t0 + tl.arange(0, BLOCK_TC)  # [BTC]
+                    tmask = ts < T
+                    acc_y = tl.zeros([BLOCK_TC, BN2], dtype=tl.float32)
+                    for k in tl.static_range(K):
+                        ek = tl.load(ids_ptr + ts * K + k, mask=tmask, other=-1)  # [BTC]
+                        wk = tl.load(wt_ptr + ts * K + k, mask=tmask, other=0.0).to(tl.float32)
+                        use = (ek >= 0) & (ek < E) & tmask
+                        xo = tl.load(po_ptr + (ts * K + k)[:, None].to(tl.int64) * H + ns_d[None, :],
+                                     mask=use[:, None] & nmask_d[None, :], other=0.0,
+                                     cache_modifier=".cg")  # [BTC, BN2]
+                        acc_y += tl.where(use[:, None], wk[:, None] * xo, 0.0)
+                    tl.store(y_ptr + ts[:, None] * stride_y + ns_d[None, :],
+                             acc_y.to(y_ptr.dtype.element_ty), mask=tmask[:, None] & nmask_d[None, :])
+
+
+_SYNC: dict[tuple, torch.Tensor] = {}
+
+
+def sync_buffer(device: torch.device, n: int) -> torch.Tensor:
+    """The [n] int32 sync entries of one launch shape, one buffer per (device, stream, n), zeroed
+    once. Every launch adds exactly 2^BAR_BITS to each entry, so it is never reset (see
+    utils.barrier_buffer for the capture rule: warm up on the capture stream)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, n)
+    buf = _SYNC.get(key)
+    if buf is None:
+        buf = torch.zeros(n, dtype=torch.int32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _SYNC[key] = buf
+    return buf
+
+
+def moe_one(
+    hidden: torch.Tensor,  # [T, H] bf16/fp16, unit column stride
+    ids: torch.Tensor,  # [T, K] int32/int64, -1 = dropped slot
+    weights: torch.Tensor,  # [T, K] float combine weights
+    gate_up: torch.Tensor,  # [E, 2I, H] contiguous, hidden's dtype
+    down: torch.Tensor,  # [E, H, I] contiguous, hidden's dtype
+    *,
+    block_m: int = 16,
+    up: tuple[int, int] = (32, 128),  # (BN1, BK1)
+    down_tiles: tuple[int, int] = (64, 128),  # (BN2, BK2)
+    num_warps: int = 4,
+    num_stages: int = 3,
+    programs: int | None = None,  # grid size (default: one per SM)
+    cooperative: bool = True,
+) -> torch.Tensor:
+    """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine)."""
+    T, H = hidden.shape
+    E, two_i, _ = gate_up.shape
+    I = two_i // 2  # noqa: E741
+    K = ids.shape[1]
+    dev = hidden.device
+    check(hidden.dtype in (torch.bfloat16, torch.float16) and hidden.stride(1) == 1,
+          f"hidden: needs bf16/fp16 with unit column stride, got {hidden.dtype} {hidden.stride()}")
+    check_tensor("gate_up", gate_up, (E, 2 * I, H), (hidden.dtype,), dev)
+    check_tensor("down", down, (E, H, I), (hidden.dtype,), dev)
+    check_tensor("ids", ids, (T, K), ID_DTYPES, dev, contiguous=False)
+    check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
+    bn1, bk1 = up
+    bn2, bk2 = down_tiles
+    nt2 = triton.cdiv(H, bn2)
+    check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
+          f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
+    check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
+    check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
+    ids = ids.contiguous()
+    weights = weights.contiguous()
+    out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
+    P = T * K
+    if P == 0:
+        return out
+    jmax = triton.next_power_of_2(min(E, P))
+    act = torch.empty((P, I), dtype=hidden.dtype, device=dev)  # [P, I]
+    pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
+    sync = sync_buffer(dev, 1 + jmax + nt2)
+    interp = is_interpreter() or dev.type != "cuda"
+    units = min(E, P) * (triton.cdiv(I, bn1) + nt2)
+    n_prog = units if interp else min(programs or num_sms(dev), units)
+    pdl = use_pdl(dev)
+    extra = {} if interp else dict(launch_kwargs(pdl),
+                                   **({"launch_cooperative_grid": True} if cooperative else {}))
+    _moe_one_kernel[(n_prog,)](
+        hidden, ids, weights, gate_up, down, act, pair_out, out, sync,
+        T, hidden.stride(0), out.stride(0), n_prog,
+        H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
+        BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
+        USE_PDL=pdl, num_warps=num_warps, num_stages=num_stages, **extra)
+    return out

@@ -1,0 +1,132 @@
+"""moe_one (the MoE layer in one persistent launch) == core moe_forward_ref and fused_moe's 4 launches.
+
+Under the interpreter the grid is one program per work unit, in unit order, so the same kernel code
+runs (histogram align, up units, flags, down units, last-arrival combine) without a concurrent spin.
+"""
+
+import pytest
+import torch
+from kernel_helpers import DEVICE, experts, routing
+
+from base_sglang.core import moe_forward_ref
+from base_sglang.kernels import fused_moe, moe_one
+from base_sglang.kernels.fused_moe import MoeConfig
+from base_sglang.kernels.moe_gemm import GemmConfig
+from base_sglang.kernels.moe_one import _SYNC, BAR_BITS
+
+REL_TOL = 1e-2  # bf16 weights, fp32 accumulation, the activation rounded to bf16 once
+TILES = dict(up=(16, 16), down_tiles=(16, 16), block_m=16)
+
+
+def rel_err(y, ref):
+    return ((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def case(T, E, K, H=32, I=16, *, seed=0, id_dtype=torch.int64, one_expert=False):  # noqa: E741
+    _, ids, w = routing(T, E, K, seed=seed, id_dtype=id_dtype, one_expert=one_expert)
+    gate_up, down = experts(E, H, I, seed=seed)
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(seed + 1)).bfloat16().to(DEVICE)
+    return x, ids, w, gate_up, down
+
+
+def ref_of(x, ids, w, gate_up, down):
+    return moe_forward_ref(x.float(), ids.long(), w, gate_up.float(), down.float())
+
+
+@pytest.mark.parametrize("T,E,K,H,I", [(1, 5, 2, 32, 16), (7, 13, 3, 32, 16), (4, 8, 8, 32, 16),
+                                       (5, 7, 3, 48, 40)])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_matches_reference_and_four_launches(T, E, K, H, I, id_dtype):  # noqa: E741
+    x, ids, w, gu, dn = case(T, E, K, H, I, seed=T, id_dtype=id_dtype)
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    assert y.dtype == torch.bfloat16 and y.shape == (T, H)
+    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
+    # same per-pair GEMMs (one row block per expert) and the same slot-order fp32 combine
+    four = fused_moe(x, ids, w, gu, dn, config=MoeConfig(block_m=16, up=GemmConfig(16, 16),
+                                                         down=GemmConfig(16, 16)))
+    assert rel_err(y, four) < 1e-3
+
+
+def test_dropped_slots_rows_and_everything():
+    x, ids, w, gu, dn = case(5, 7, 3, seed=3)
+    ids = ids.clone()
+    ids[0, 0] = ids[2, 1] = -1
+    ids[4] = -1  # a token with every slot dropped outputs exactly 0
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
+    assert (y[4] == 0).all() and (y[:4] != 0).any()
+    ids[:] = -1  # nothing kept anywhere: no unit runs, y is still written (zeros)
+    y0 = moe_one(x, ids, w, gu, dn, **TILES)
+    assert (y0 == 0).all()
+
+
+def test_out_of_range_ids_are_dropped_slots():
+    x, ids, w, gu, dn = case(4, 6, 2, seed=5)
+    bad = ids.clone()
+    bad[1, 0] = 6  # == E: outside [0, E), skipped like -1
+    dropped = ids.clone()
+    dropped[1, 0] = -1
+    assert torch.equal(moe_one(x, bad, w, gu, dn, **TILES), moe_one(x, dropped, w, gu, dn, **TILES))
+
+
+def test_unused_experts_are_never_read():
+    x, ids, w, gu, dn = case(6, 9, 2, seed=2)
+    unused = torch.ones(9, dtype=torch.bool, device=DEVICE)
+    unused[ids.flatten()] = False
+    assert unused.any()
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    gu, dn = gu.clone(), dn.clone()
+    gu[unused] = float("nan")
+    dn[unused] = float("nan")
+    assert torch.equal(moe_one(x, ids, w, gu, dn, **TILES), y)
+
+
+def test_expert_rows_beyond_one_row_block():
+    """20 tokens all routing expert 0: its 20 rows take two BLOCK_M = 16 chunks in each unit."""
+    x, ids, w, gu, dn = case(20, 6, 2, seed=4, one_expert=True)
+    assert int((ids == 0).sum()) == 20
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
+
+
+def test_repeated_launches_keep_the_sync_entries_aligned():
+    """No memset: every launch moves every sync entry by exactly 2^BAR_BITS, whatever its routing,
+    and the results stay bit-identical across launches with different kept sets."""
+    x, ids, w, gu, dn = case(6, 8, 2, seed=6)
+    first = moe_one(x, ids, w, gu, dn, **TILES)
+    few = ids.clone()
+    few[:, 1] = -1
+    few[3:] = -1
+    ref_few = moe_one(x, few, w, gu, dn, **TILES)
+    before = {k: v.clone() for k, v in _SYNC.items()}
+    for i in range(3):
+        assert torch.equal(moe_one(x, ids if i % 2 == 0 else few, w, gu, dn, **TILES),
+                           first if i % 2 == 0 else ref_few)
+    moved = [k for k in _SYNC if k in before and not torch.equal(_SYNC[k], before[k])]
+    assert len(moved) == 1
+    buf = _SYNC[moved[0]]
+    assert torch.equal((buf - before[moved[0]]).long(), torch.full_like(buf, 3 << BAR_BITS).long())
+
+
+def test_through_fused_moe_config():
+    x, ids, w, gu, dn = case(7, 13, 3, seed=7)
+    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True)
+    y = fused_moe(x, ids, w, gu, dn, config=cfg)
+    assert torch.equal(y, moe_one(x, ids, w, gu, dn, **TILES))
+    assert MoeConfig.from_dict(dict(block_m=16, pair_major=False, up={}, down={})).one_launch is False
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(block_m=24), "block_m"), (dict(up=(24, 16)), "up"),
+                                          (dict(down_tiles=(16, 8)), "down_tiles")])
+def test_bad_tiles_name_the_field(kwargs, field):
+    x, ids, w, gu, dn = case(2, 4, 2)
+    with pytest.raises(ValueError, match=field):
+        moe_one(x, ids, w, gu, dn, **{**TILES, **kwargs})
+
+
+def test_bad_inputs_name_the_tensor():
+    x, ids, w, gu, dn = case(2, 4, 2)
+    with pytest.raises(ValueError, match="down"):
+        moe_one(x, ids, w, gu, dn[:, :, :8].contiguous(), **TILES)
+    with pytest.raises(ValueError, match="hidden"):
+        moe_one(x.float(), ids, w, gu, dn, **TILES)
