@@ -225,6 +225,24 @@ def sync_buffer(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+_FITS: dict[tuple, int] = {}
+
+
+def programs_per_sm(compiled, num_warps: int, device: torch.device) -> int:
+    """How many programs of a compiled kernel one SM holds at once (registers, shared memory,
+    threads): the cooperative launch fails beyond it, so the grid is clamped to it."""
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+    warp_regs = -(-max(compiled.n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
+    shared = compiled.metadata.shared
+    fits = min(regs_sm // (warp_regs * num_warps), threads_sm // (32 * num_warps), 32,
+               smem_sm // (shared + 1024) if shared else 32)
+    return max(1, fits)
+
+
 def moe_one(
     hidden: torch.Tensor,  # [T, H] bf16/fp16, unit column stride
     ids: torch.Tensor,  # [T, K] int32/int64, -1 = dropped slot
@@ -237,7 +255,7 @@ def moe_one(
     down_tiles: tuple[int, int] = (64, 128),  # (BN2, BK2)
     num_warps: int = 4,
     num_stages: int = 3,
-    programs: int | None = None,  # grid size (default: one per SM)
+    programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
     cooperative: bool = True,
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine)."""
@@ -271,15 +289,24 @@ def moe_one(
     sync = sync_buffer(dev, 1 + jmax + nt2)
     interp = is_interpreter() or dev.type != "cuda"
     units = min(E, P) * (triton.cdiv(I, bn1) + nt2)
-    n_prog = units if interp else min(programs or num_sms(dev), units)
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
                                    **({"launch_cooperative_grid": True} if cooperative else {}))
-    _moe_one_kernel[(n_prog,)](
-        hidden, ids, weights, gate_up, down, act, pair_out, out, sync,
-        T, hidden.stride(0), out.stride(0), n_prog,
-        H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
-        BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
-        USE_PDL=pdl, num_warps=num_warps, num_stages=num_stages, **extra)
+    consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
+                  BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
+                  BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
+                  USE_PDL=pdl, num_warps=num_warps, num_stages=num_stages, **extra)
+    args = (hidden, ids, weights, gate_up, down, act, pair_out, out, sync,
+            T, hidden.stride(0), out.stride(0))
+    if interp:  # one program per unit, in unit order (see the module docstring)
+        _moe_one_kernel[(units,)](*args, units, **consts)
+        return out
+    sms = num_sms(dev)
+    key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
+    n_prog = min(programs or sms, units)
+    if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, grid=(1,), **consts)
+        _FITS[key] = programs_per_sm(compiled, num_warps, dev)
+    n_prog = min(n_prog, _FITS[key] * sms)
+    _moe_one_kernel[(n_prog,)](*args, n_prog, **consts)
     return out

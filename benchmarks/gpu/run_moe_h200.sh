@@ -44,6 +44,7 @@ for part in $PARTS; do
             timeout -k 10 $(( ${SWEEP_S:-320} + 30 )) python3 benchmarks/gpu/sweep_moe.py --out "$OUT" \
                 --budget-s ${SWEEP_S:-320} --shapes ${SWEEP_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
                 --tokens ${SWEEP_T:-1,2,8,16,32,64} --tile-tokens ${SWEEP_TILE_T:-1,2,8,16,32,64} \
+                ${SWEEP_ARGS:-} \
                 > "$OUT/sweep.log" 2>&1 || status=1
             grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -45 ;;
         bench) echo "=== MoE layer at T = 1, 8 (Qwen3) with SGLang's align timed"

@@ -47,7 +47,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 UP = [GemmConfig(32, 128, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(16, 256, 4, 3),
       GemmConfig(32, 64, 4, 5), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
       GemmConfig(64, 64, 4, 4), GemmConfig(16, 64, 4, 6), GemmConfig(128, 64, 4, 4),
-      GemmConfig(64, 64, 8, 5)]
+      GemmConfig(64, 64, 8, 5), GemmConfig(32, 128, 8, 4), GemmConfig(64, 128, 8, 3)]
 DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
         GemmConfig(64, 64, 4, 5), GemmConfig(64, 256, 4, 3), GemmConfig(32, 256, 4, 3),
         GemmConfig(128, 64, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(32, 64, 4, 6),
@@ -107,6 +107,9 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
     ap.add_argument("--tile-tokens", default="1,8,16,64")
+    ap.add_argument("--structure", default="", help="tile-search this structure (e.g. one), "
+                    "not the fastest")
+    ap.add_argument("--routings", default="dense,budget", help="dense and/or budget (BASE M=16)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
     args = ap.parse_args()
     t_start = time.monotonic()
@@ -133,6 +136,8 @@ def main() -> int:
                                       SelectionConfig(policy="base"), pred,
                                       norm_topk_prob=s["norm_topk_prob"])
             for label, ids, w in (("dense", r.ids, r.weights), (f"M={m_base}", sel.ids, sel.weights)):
+                if ("dense" if label == "dense" else "budget") not in args.routings.split(","):
+                    continue
                 if time.monotonic() - t_start > args.budget_s:
                     print(f"budget of {args.budget_s:.0f} s reached: stopping", flush=True)
                     json.dump(result, open(path, "w"), indent=1)
@@ -159,12 +164,13 @@ def main() -> int:
                     base = default_config(T, E, K, None if label == "dense" else m_base)
                     times = {name: timed(cfg) for name, cfg in structures(base, T).items()}
                     best_name = min(times, key=times.get)
+                    search = args.structure if args.structure in times else best_name
                     cell = dict(shape=shape, T=T, routing=label, experts_read=n_read,
                                 floor_us=round(floor, 2), structures={k: round(v, 2) for k, v in times.items()},
                                 best_structure=best_name)
                     if T in tile_tokens:
-                        cfg = structures(base, T)[best_name]
-                        best_t = times[best_name]
+                        cfg = structures(base, T)[search]
+                        best_t = times[search]
                         trials = []
                         for stage in ("bm", "order", "ctas", "up", "down", "order"):
                             for c in candidates(stage, cfg, T * K, n_read):
@@ -173,12 +179,14 @@ def main() -> int:
                                 if t < best_t:
                                     cfg, best_t = c, t
                         cell.update(tuned_us=round(best_t, 2), tuned=dataclasses.asdict(cfg),
+                                    searched=search,
                                     tile_trials=trials)
                     result["cells"].append(cell)
-                    best = cell.get("tuned_us", times[best_name])
+                    best = min(cell.get("tuned_us", float("inf")), times[best_name])
                     print(f"{shape:14} T={T:<3} {label:6} read={n_read:<3} floor={floor:6.1f} "
                           + " ".join(f"{k}={v:.1f}" for k, v in times.items())
                           + f" | best {best:.1f} ({best / floor:.2f}x floor)"
+                          + (f" {search} tuned {cell['tuned_us']:.1f}" if "tuned" in cell else "")
                           + (f" {short(cell['tuned'])}" if "tuned" in cell else ""), flush=True)
                 except Exception:
                     traceback.print_exc()
