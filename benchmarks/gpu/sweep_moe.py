@@ -55,6 +55,13 @@ DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 12
 
 
 ONE_MAX_T = 32  # the one-launch structure is timed up to this T
+# one-launch tiles: its start (the second session's winner at Qwen3 T = 4-16, M = 16) and search
+ONE_START = dict(ctas_per_sm=3, up=GemmConfig(64, 128, 4, 3), down=GemmConfig(128, 64, 4, 4))
+ONE_UP = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(64, 64, 4, 4),
+          GemmConfig(32, 256, 4, 3), GemmConfig(64, 128, 8, 3), GemmConfig(128, 64, 4, 3),
+          GemmConfig(64, 256, 4, 2)]
+ONE_DOWN = [GemmConfig(128, 64, 4, 4), GemmConfig(128, 128, 4, 4), GemmConfig(64, 128, 4, 4),
+            GemmConfig(256, 64, 4, 4), GemmConfig(64, 256, 4, 4)]
 
 
 def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
@@ -63,7 +70,7 @@ def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
         out["pair"] = dataclasses.replace(base, pair_major=True, one_launch=False)
     if T <= ONE_MAX_T:
         one = dataclasses.replace(out["grouped"], one_launch=True)
-        out["one"] = one
+        out["one"] = dataclasses.replace(one, **ONE_START)
         out["one2"] = dataclasses.replace(one, ctas_per_sm=2)
     return out
 
@@ -79,10 +86,16 @@ def short(cfg: dict) -> str:
 def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
     """One coordinate of the tile search around cfg (one_launch: no grid order, programs per SM)."""
     if stage == "ctas":
-        return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3)
+        return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3, 4)
                 if cfg.one_launch and c != cfg.ctas_per_sm]
-    if stage == "order" and cfg.one_launch:
-        return []
+    if cfg.one_launch:  # one launch: no grid order; the up tiles' warps / stages are the launch's
+        if stage == "up":
+            return [dataclasses.replace(cfg, up=u) for u in ONE_UP if u != cfg.up]
+        if stage == "down":
+            return [dataclasses.replace(cfg, down=d) for d in ONE_DOWN
+                    if (d.block_n, d.block_k) != (cfg.down.block_n, cfg.down.block_k)]
+        if stage == "order":
+            return []
     if stage == "bm":  # larger row blocks only where the mean pairs per expert could fill them
         return [dataclasses.replace(cfg, block_m=bm) for bm in (32, 64)
                 if not cfg.pair_major and bm <= 2 * max(1, pairs // max(n_read, 1))]
@@ -109,7 +122,8 @@ def main() -> int:
     ap.add_argument("--tile-tokens", default="1,8,16,64")
     ap.add_argument("--structure", default="", help="tile-search this structure (e.g. one), "
                     "not the fastest")
-    ap.add_argument("--routings", default="dense,budget", help="dense and/or budget (BASE M=16)")
+    ap.add_argument("--routings", default="dense,budget", help="dense and/or budget (BASE M)")
+    ap.add_argument("--budget-m", type=int, default=0, help="BASE budget M (default 16, 4 for E=8)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
     args = ap.parse_args()
     t_start = time.monotonic()
@@ -127,7 +141,7 @@ def main() -> int:
         gus, dns = [g for g, _ in weights], [d for _, d in weights]
         pred = random_predictor(E, H, K, seed=7, scale=0.02, bias_scale=0.1,
                                 architecture="synthetic").to(DEVICE)
-        m_base = 16 if E > 16 else 4
+        m_base = args.budget_m or (16 if E > 16 else 4)
         for T in [int(x) for x in args.tokens.split(",")]:
             r = make_routing(T, E, K, s["norm_topk_prob"], seed=T)
             hidden = torch.randn(T, H, device=DEVICE).bfloat16()
@@ -172,7 +186,7 @@ def main() -> int:
                         cfg = structures(base, T)[search]
                         best_t = times[search]
                         trials = []
-                        for stage in ("bm", "order", "ctas", "up", "down", "order"):
+                        for stage in ("bm", "order", "ctas", "up", "down", "order", "ctas"):
                             for c in candidates(stage, cfg, T * K, n_read):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))

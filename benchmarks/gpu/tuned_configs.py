@@ -1,7 +1,8 @@
 """Write kernels/configs/<GPU>.json (the tuned fused_moe configs) from a sweep_moe.py result.
 
     python benchmarks/gpu/tuned_configs.py SWEEP_JSON [SWEEP_JSON ...] [--out kernels/configs]
-Several sweeps of one GPU merge (a later file's cell replaces an earlier one's). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
+Several sweeps of one GPU merge (a later file's cell replaces an earlier one's, or with
+--keep-faster the faster of them). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
 row of its shape, routing kind (dense top-k, or BASE-selected: "budget") and T. The provenance
 (GPU, commit, torch/triton, the sweep file) is copied in. kernels/moe_configs.py reads the file.
 """
@@ -16,12 +17,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kernel_common import SHAPES  # noqa: E402
+from sweep_moe import structures  # noqa: E402
 
 from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
 from base_sglang.kernels.moe_configs import shape_key  # noqa: E402
 
 
-def rows_from_sweep(sweep: dict) -> dict:
+def rows_from_sweep(sweep: dict, keep_faster: bool = False) -> dict:
     shapes: dict = {}
     for c in sweep["cells"]:
         s = SHAPES[c["shape"]]
@@ -34,14 +36,22 @@ def rows_from_sweep(sweep: dict) -> dict:
             cfg = dataclasses.replace(default_config(c["T"], E, K),
                                       pair_major=c["best_structure"] == "pair")
             us = c["structures"][c["best_structure"]]
+        if "tuned" in c and min(c["structures"].values()) < us:  # a forced search that lost
+            best = c["best_structure"]
+            cfg = structures(default_config(c["T"], E, K), c["T"])[best]
+            us = c["structures"][best]
         row = {**dataclasses.asdict(cfg), "us": us, "floor_us": c["floor_us"]}
-        shapes.setdefault(shape_key(E, H, I, K), {}).setdefault(kind, {})[str(c["T"])] = row
+        rows = shapes.setdefault(shape_key(E, H, I, K), {}).setdefault(kind, {})
+        if not keep_faster or str(c["T"]) not in rows or us < rows[str(c["T"])]["us"]:
+            rows[str(c["T"])] = row
     return shapes
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("sweep", nargs="+")
+    ap.add_argument("--keep-faster", action="store_true",
+                    help="where sweeps share a cell keep the faster row (default: the later file's)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "kernels",
                                                   "configs"))
     args = ap.parse_args()
@@ -58,7 +68,7 @@ def main() -> int:
                                         "torch": sw.get("torch"), "triton": sw.get("triton"),
                                         "copy_bw_gbs": sw.get("copy_bw_gbs")}
                                        for p, sw in zip(args.sweep, sweeps)]},
-             "shapes": rows_from_sweep(merged)}
+             "shapes": rows_from_sweep(merged, args.keep_faster)}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, gpu.replace(" ", "_") + ".json")
     with open(path, "w") as f:
