@@ -1,12 +1,13 @@
 """Markdown tables of BENCHMARKS.md's kernel section from a results folder.
 
-    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold DIR
+    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold|moe_e2e DIR
 select: bench_base_select.py's base_select.json (selection latency per launch variant, share of the
         dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed;
 moe:    fused_moe.json as one grid per shape (T x budget: ours µs (x byte floor) / SGLang µs [read]);
 dense:  fused_moe.json's dense rows against SGLang (its align inside where it was timed);
 route:  base_select.json's folded-router columns (what BASE adds to the router's GEMM + top-k);
-fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side.
+fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side;
+moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang).
 """
 
 from __future__ import annotations
@@ -107,16 +108,17 @@ def route_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def fold_table(folder: str) -> str:
-    """Decode step (median ms) per (B, budget) with BASE_FOLD=auto and off."""
+def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
+               labels: tuple[str, str] = ("folded", "unfolded")) -> str:
+    """Decode step (median ms) per (B, budget) of two runs: BASE_FOLD=auto and off (or a, b)."""
     runs = {}
-    for name in ("e2e_fold", "e2e_nofold"):
+    for name in (a, b):
         with open(os.path.join(folder, name, "summary.json")) as f:
             runs[name] = {(r["batch"], str(r["budget"])): r for r in json.load(f)["row_stats"]}
-    out = ["| B | budget | folded ms/step | unfolded ms/step | unfolded / folded |",
+    out = [f"| B | budget | {labels[0]} ms/step | {labels[1]} ms/step | {labels[1]} / {labels[0]} |",
            "|---:|---|---:|---:|---:|"]
-    for key in sorted(set(runs["e2e_fold"]) | set(runs["e2e_nofold"]), key=lambda k: (k[0], k[1])):
-        f, u = runs["e2e_fold"].get(key), runs["e2e_nofold"].get(key)
+    for key in sorted(set(runs[a]) | set(runs[b]), key=lambda k: (k[0], k[1])):
+        f, u = runs[a].get(key), runs[b].get(key)
         fm = f"{f['median_step_ms']:.2f}" if f else "not run (time budget)"
         um = f"{u['median_step_ms']:.2f}" if u else "not run (time budget)"
         ratio = f"{u['median_step_ms'] / f['median_step_ms']:.3f}" if f and u else "-"
@@ -126,12 +128,15 @@ def fold_table(folder: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold"))
+    ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json")
     args = ap.parse_args()
     kind = args.kind
     if kind == "fold":
         print(fold_table(args.folder))
+        return 0
+    if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
+        print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))
         return 0
     path = os.path.join(args.folder, "base_select.json" if kind in ("select", "route")
                         else "fused_moe.json")

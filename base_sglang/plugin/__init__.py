@@ -46,7 +46,7 @@ TARGETS = (  # (target, hook, hook type name)
     (f"{_SRT}.layers.moe.topk.TopK.forward_native", hooks.around_topk, "AROUND"),
     (f"{_SRT}.layers.moe.topk.TopK.forward_cpu", hooks.around_topk, "AROUND"),
     (f"{_SRT}.layers.moe.moe_runner.triton_utils.fused_moe.fused_experts_impl",
-     hooks.before_fused_experts, "BEFORE"),
+     hooks.around_fused_experts, "AROUND"),
 )
 
 

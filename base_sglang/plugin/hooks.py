@@ -8,7 +8,6 @@ each scheduler (= TP worker) process, which owns the model and graphs and reads 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from base_sglang.core import Predictor, PredictorMismatch, SelectionConfig
 from base_sglang.core.predictor import describe_model_config
 
-from . import state
+from . import moe, state
 from .budget import BUDGET_HEADER, apply_header, token_budgets
 from .checks import UnsupportedConfig, check_model_runners, check_server_args
 from .compat import is_draft_topk, shared_topk_columns
@@ -191,25 +190,24 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
 
 
 
-def before_fused_experts(*args, **kwargs):
-    """fused_experts_impl BEFORE: in BASE decode steps the Triton MoE must skip -1 slots.
+def around_fused_experts(original, *args, **kwargs):
+    """fused_experts_impl AROUND: in BASE decode steps the MoE must skip -1 slots.
 
-    SGLang 0.5.17 skips a -1 block only with filter_expert=True, which it passes only under expert
-    parallelism (num_experts != num_local_experts); without it the GEMM reads the weights of expert
-    -1 (an illegal address, seen on the H200). 0.5.23 always skips them. So while BASE is active
-    the flag is forced on; outside BASE's decode steps the call is left as SGLang made it.
+    A plain call runs our fused_moe (plugin/moe.py; BASE_MOE=auto), which skips them by design.
+    Otherwise SGLang's Triton MoE runs with filter_expert forced on: SGLang 0.5.17 skips a -1 block
+    only with filter_expert=True, which it passes only under expert parallelism (num_experts !=
+    num_local_experts); without it the GEMM reads the weights of expert -1 (an illegal address,
+    seen on the H200). 0.5.23 always skips them. Outside BASE's decode steps the call is left as
+    SGLang made it.
     """
-    if not state.STATE.active:
-        return None
-    bound = _fused_experts_signature().bind(*args, **kwargs)
-    if bound.arguments.get("filter_expert", False):
-        return None
+    st = state.STATE
+    if not st.active:
+        return original(*args, **kwargs)
+    bound = moe.signature().bind(*args, **kwargs)
+    if st.config.moe == "auto" and st.config.kernels:
+        reason = moe.why_not_ours(bound.arguments, moe.signature())
+        if reason is None:
+            return moe.run_ours(bound.arguments)
+        st.note_sglang_moe(reason)
     bound.arguments["filter_expert"] = True
-    return bound.args, bound.kwargs
-
-
-@functools.cache
-def _fused_experts_signature() -> inspect.Signature:
-    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
-
-    return inspect.signature(fused_moe.fused_experts_impl)  # follows the hook's __wrapped__
+    return original(*bound.args, **bound.kwargs)

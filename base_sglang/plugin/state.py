@@ -45,6 +45,7 @@ class PluginState:
     num_steps: int = 0  # decode forwards since the last stats line
     trace_path: str | None = None  # BASE_STEP_TRACE: one JSON line per decode step (checks only)
     sel_trace: SelectionTrace | None = None  # BASE_SELECTION_TRACE: per-rank digests (TP checks)
+    sglang_moe_reasons: set = field(default_factory=set)  # why calls ran SGLang's MoE (logged once)
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +124,12 @@ class PluginState:
                 self.budget.fill_(-1)
                 self.num_kept.zero_()
                 self.num_union.zero_()
+
+    def note_sglang_moe(self, reason: str) -> None:
+        """Log once per reason why a BASE step's MoE call runs SGLang's kernel, not ours."""
+        if reason not in self.sglang_moe_reasons:
+            self.sglang_moe_reasons.add(reason)
+            log.info("BASE: SGLang's fused MoE runs this call (%s)", reason)
 
     def record(self, slot: int, num_union: torch.Tensor, num_kept: torch.Tensor) -> None:
         """In-graph counter update (no host sync): per-layer sums over decode steps."""

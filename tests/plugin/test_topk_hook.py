@@ -208,20 +208,114 @@ def test_revert_restores_sglang_and_register_reapplies(base_state):
 
 def test_fused_moe_skips_dropped_slots_in_base_steps(base_state):
     """SGLang 0.5.17's Triton MoE reads expert -1's weights unless filter_expert=True (it passes
-    True only under EP): the hook forces it in BASE decode steps and leaves other calls alone."""
+    True only under EP): a BASE step's call that our fused_moe does not take (here: CPU tensors
+    without the Triton interpreter) runs SGLang's kernel with the flag forced; other calls are
+    passed through untouched."""
     import inspect
 
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
 
     sig = inspect.signature(fused_moe.fused_experts_impl)
+    calls = []
+
+    def original(*args, **kwargs):  # records what SGLang's kernel would have been given
+        calls.append(sig.bind(*args, **kwargs).arguments)
+        return "sglang"
+
     x, w1, w2, w, ids = (torch.zeros(1) for _ in range(5))
     call = sig.bind(x, w1, w2, w, ids, filter_expert=False)
-    assert hooks.before_fused_experts(*call.args, **call.kwargs) is None  # not a BASE step
+    assert hooks.around_fused_experts(original, *call.args, **call.kwargs) == "sglang"
+    assert calls[-1]["filter_expert"] is False  # not a BASE step: as SGLang made it
     with base_state.decode_step([2]):
-        args, kwargs = hooks.before_fused_experts(*call.args, **call.kwargs)
-        assert sig.bind(*args, **kwargs).arguments["filter_expert"] is True
-        fine = sig.bind(x, w1, w2, w, ids, filter_expert=True)
-        assert hooks.before_fused_experts(*fine.args, **fine.kwargs) is None  # already True
+        assert hooks.around_fused_experts(original, *call.args, **call.kwargs) == "sglang"
+        assert calls[-1]["filter_expert"] is True
+        assert any("hidden_states" in r for r in base_state.sglang_moe_reasons)
+
+
+def _plain_call(T=3, E=6, H=32, I=16, dtype=torch.bfloat16, **extra):  # noqa: E741
+    import inspect
+
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    sig = inspect.signature(fused_moe.fused_experts_impl)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    w1 = torch.randn(E, 2 * I, H, generator=g).to(dtype)
+    w2 = torch.randn(E, H, I, generator=g).to(dtype)
+    ids = torch.tensor([[0, 2], [1, -1], [5, 2]], dtype=torch.int32)[:T]
+    w = torch.rand(T, 2, generator=g)
+    return sig, sig.bind(x, w1, w2, w, ids, **extra).arguments
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ({}, None),
+    (dict(inplace=True, filter_expert=False, routed_scaling_factor=1.0), None),
+    (dict(activation="gelu"), "activation"),
+    (dict(apply_router_weight_on_input=True), "apply_router_weight_on_input"),
+    (dict(use_fp8_w8a8=True), "use_fp8_w8a8"),
+    (dict(no_combine=True), "no_combine"),
+    (dict(routed_scaling_factor=2.5), "routed_scaling_factor"),
+    (dict(b1=torch.zeros(6, 32)), "b1"),
+])
+def test_which_fused_experts_calls_run_ours(extra, reason, monkeypatch):
+    """Ours only where it computes the call exactly: silu, gated, no bias / quantisation / scaling,
+    every argument it does not read at its default (checked against the real signature)."""
+    from base_sglang.plugin import moe
+
+    monkeypatch.setattr(moe, "_interpreter", lambda: True)  # these CPU tensors stand for CUDA ones
+    sig, args = _plain_call(**extra)
+    got = moe.why_not_ours(args, sig)
+    assert (got is None) if reason is None else (got is not None and reason in got), got
+    sig, args = _plain_call(dtype=torch.float32)
+    assert "hidden_states" in moe.why_not_ours(args, sig)
+    monkeypatch.setattr(moe, "_interpreter", lambda: False)
+    sig, args = _plain_call()
+    assert "cpu" in moe.why_not_ours(args, sig)  # CPU tensors outside the interpreter: SGLang's
+
+
+def test_plain_base_step_runs_our_fused_moe_through_the_hook(base_state):
+    """The whole AROUND hook in a BASE step with our kernel on the Triton CPU interpreter (a fresh
+    process: TRITON_INTERPRET must be set before the kernels are imported): == the core MoE, dropped
+    slot skipped, inplace writes hidden_states; BASE_MOE=sglang leaves it to SGLang's kernel."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import dataclasses, inspect, torch
+        from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe as sgl
+        from base_sglang.core import moe_forward_ref
+        from base_sglang.plugin import hooks, state
+        sig = inspect.signature(sgl.fused_experts_impl)
+        g = torch.Generator().manual_seed(0)
+        T, E, H, I = 3, 6, 32, 16
+        x = torch.randn(T, H, generator=g).bfloat16()
+        w1 = (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).bfloat16()
+        w2 = (torch.randn(E, H, I, generator=g) * I ** -0.5).bfloat16()
+        ids = torch.tensor([[0, 2], [1, -1], [5, 2]], dtype=torch.int32)
+        w = torch.rand(T, 2, generator=g)
+        ref = moe_forward_ref(x.float(), ids.long(), w, w1.float(), w2.float())
+        def original(*a, **k):
+            raise SystemExit("SGLang's kernel was called")
+        state.STATE.active = True
+        y = hooks.around_fused_experts(original, x, w1, w2, w, ids)
+        rel = ((y.float() - ref).norm() / ref.norm()).item()
+        assert y.shape == (T, H) and rel < 1e-2, rel
+        x2 = x.clone()
+        out = hooks.around_fused_experts(original, x2, w1, w2, w, ids, inplace=True)
+        assert out.data_ptr() == x2.data_ptr() and torch.equal(x2, y)
+        state.STATE.config = dataclasses.replace(state.STATE.config, moe="sglang")
+        called = []
+        hooks.around_fused_experts(lambda *a, **k: called.append(sig.bind(*a, **k).arguments),
+                                   x, w1, w2, w, ids)
+        assert called and called[0]["filter_expert"] is True
+        print("ok", rel)
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr[-3000:]
 
 
 def test_base_sched_runs_the_table_of_the_graph_batch_size(base_state):

@@ -1,0 +1,84 @@
+"""SGLang's fused_experts_impl in BASE decode steps: our expert-skipping MoE where the call is plain.
+
+In a BASE decode step the routed ids carry -1 for dropped slots. SGLang's Triton MoE then needs
+filter_expert=True (0.5.17 skips -1 blocks only with it). Where the call is the plain case, the
+step runs base_sglang.kernels.fused_moe instead (BASE_MOE=auto, the default): its tuned launch
+structures (pair-major at T <= 2, the one-launch layer at small T, grouped above) are faster than
+SGLang's at decode sizes (BENCHMARKS.md). Plain = bf16/fp16 activations on CUDA, gate/up weights
+[E, 2I, H] (gate rows first, as SGLang's silu_and_mul reads them) and down [E, H, I], both
+contiguous in the activations' dtype; activation silu, gated; and every other argument of
+fused_experts_impl at its default (no bias, quantisation, scales, router weight on input,
+no_combine, routed scaling other than 1, clamps, ...). An argument this module does not know
+(a newer SGLang) that is not at its default also sends the call to SGLang's kernel: nothing is
+assumed about arguments we have not read. BASE_MOE=sglang always runs SGLang's kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+# arguments read here; every other one must be at its default
+HANDLED = ("hidden_states", "w1", "w2", "topk_weights", "topk_ids", "inplace", "filter_expert",
+           "activation", "is_gated", "routed_scaling_factor")
+
+
+@functools.cache
+def signature() -> inspect.Signature:
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    return inspect.signature(fused_moe.fused_experts_impl)  # follows the hook's __wrapped__
+
+
+def _at_default(value, default) -> bool:
+    if default is inspect.Parameter.empty:
+        return False
+    if default is None or isinstance(value, torch.Tensor):
+        return value is default
+    return type(value) is type(default) and value == default
+
+
+def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
+    """None when fused_moe computes this call exactly; else the first reason it does not."""
+    for name, p in sig.parameters.items():
+        if name not in HANDLED and name in args and not _at_default(args[name], p.default):
+            return f"{name}={args[name]!r:.40}"
+    if args.get("activation", "silu") != "silu" or not args.get("is_gated", True):
+        return f"activation {args.get('activation')!r}, gated {args.get('is_gated', True)}"
+    if args.get("routed_scaling_factor") not in (None, 1.0):
+        return f"routed_scaling_factor={args['routed_scaling_factor']}"
+    x, w1, w2 = args["hidden_states"], args["w1"], args["w2"]
+    ids, w = args["topk_ids"], args["topk_weights"]
+    if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.stride(1) != 1:
+        return f"hidden_states {x.dtype} {tuple(x.shape)}"
+    if not (x.is_cuda or _interpreter()):
+        return f"hidden_states on {x.device}"
+    E = w1.shape[0]
+    H = x.shape[1]
+    if (w1.dim() != 3 or w2.dim() != 3 or w1.dtype != x.dtype or w2.dtype != x.dtype
+            or w1.shape[2] != H or w1.shape[1] % 2 or tuple(w2.shape) != (E, H, w1.shape[1] // 2)
+            or not (w1.is_contiguous() and w2.is_contiguous())):
+        return f"weights {tuple(w1.shape)} {tuple(w2.shape)} {w1.dtype}"
+    if (ids.dim() != 2 or ids.shape[0] != x.shape[0] or ids.dtype not in (torch.int32, torch.int64)
+            or tuple(w.shape) != tuple(ids.shape) or not w.is_floating_point()):
+        return f"topk {tuple(ids.shape)} {ids.dtype} / {tuple(w.shape)} {w.dtype}"
+    return None
+
+
+def _interpreter() -> bool:
+    from base_sglang.kernels.utils import is_interpreter
+
+    return is_interpreter()
+
+
+def run_ours(args: dict) -> torch.Tensor:
+    """fused_moe on a plain call; inplace writes the result into hidden_states, as SGLang does."""
+    from base_sglang.kernels import fused_moe
+
+    x = args["hidden_states"]
+    y = fused_moe(x, args["topk_ids"], args["topk_weights"], args["w1"], args["w2"])
+    if args.get("inplace", False):
+        return x.copy_(y)
+    return y
