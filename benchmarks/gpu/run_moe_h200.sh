@@ -55,7 +55,7 @@ for part in $PARTS; do
         full) echo "=== MoE layer, shipped defaults (--no-tune), three shapes, T <= 128, SGLang"
             unpack_sglang_wheel
             timeout -k 10 ${FULL_S:-330} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
-                --sglang-root /tmp/sglang_whl --tokens 1,2,8,16,32,64,128 \
+                --sglang-root /tmp/sglang_whl --tokens ${FULL_T:-1,2,8,16,32,64,128} \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -90 | cut -c1-120 ;;
         extend) echo "=== extend the tuned table: sweep T = ${EXTEND_T:-4,128}, merge, re-bench those T"
