@@ -1,10 +1,13 @@
 """SGLang's fused_experts_impl in BASE decode steps: our expert-skipping MoE where the call is plain.
 
 In a BASE decode step the routed ids carry -1 for dropped slots. SGLang's Triton MoE then needs
-filter_expert=True (0.5.17 skips -1 blocks only with it). Where the call is the plain case, the
-step runs base_sglang.kernels.fused_moe instead (BASE_MOE=auto, the default): its tuned launch
-structures (pair-major at T <= 2, the one-launch layer at small T, grouped above) are faster than
-SGLang's at decode sizes (BENCHMARKS.md). Plain = bf16/fp16 activations on CUDA, gate/up weights
+filter_expert=True (0.5.17 skips -1 blocks only with it). With BASE_MOE=auto, a plain call of at
+most OURS_MAX_TOKENS rows runs base_sglang.kernels.fused_moe instead, with its tiles tuned for
+BASE-selected ids (pair-major at T <= 2, the one-launch layer at T = 4..32): in the kernel
+benchmark (BENCHMARKS.md, sixth session) it is faster than SGLang's Triton MoE there at M = 16
+(Qwen3 T = 16: 45.9 against 51.3 µs). Above 16 rows SGLang's kernel is as fast or faster for
+BASE-selected ids, so it keeps them. BASE_MOE=sglang (the default until the end-to-end decode
+benchmark has measured auto) always runs SGLang's kernel. Plain = bf16/fp16 activations on CUDA, gate/up weights
 [E, 2I, H] (gate rows first, as SGLang's silu_and_mul reads them) and down [E, H, I], both
 contiguous in the activations' dtype; activation silu, gated; and every other argument of
 fused_experts_impl at its default (no bias, quantisation, scales, router weight on input,
@@ -20,6 +23,7 @@ import inspect
 
 import torch
 
+OURS_MAX_TOKENS = 16  # BASE_MOE=auto: rows up to which our fused_moe runs the call
 # arguments read here; every other one must be at its default
 HANDLED = ("hidden_states", "w1", "w2", "topk_weights", "topk_ids", "inplace", "filter_expert",
            "activation", "is_gated", "routed_scaling_factor")
@@ -51,6 +55,8 @@ def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
         return f"routed_scaling_factor={args['routed_scaling_factor']}"
     x, w1, w2 = args["hidden_states"], args["w1"], args["w2"]
     ids, w = args["topk_ids"], args["topk_weights"]
+    if x.dim() == 2 and x.shape[0] > OURS_MAX_TOKENS:
+        return f"{x.shape[0]} rows > {OURS_MAX_TOKENS}"
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.stride(1) != 1:
         return f"hidden_states {x.dtype} {tuple(x.shape)}"
     if not (x.is_cuda or _interpreter()):
@@ -74,11 +80,13 @@ def _interpreter() -> bool:
 
 
 def run_ours(args: dict) -> torch.Tensor:
-    """fused_moe on a plain call; inplace writes the result into hidden_states, as SGLang does."""
+    """fused_moe on a plain call, with the tiles tuned for BASE-selected ids (max_experts < E);
+    inplace writes the result into hidden_states, as SGLang does."""
     from base_sglang.kernels import fused_moe
 
-    x = args["hidden_states"]
-    y = fused_moe(x, args["topk_ids"], args["topk_weights"], args["w1"], args["w2"])
+    x, w1 = args["hidden_states"], args["w1"]
+    y = fused_moe(x, args["topk_ids"], args["topk_weights"], w1, args["w2"],
+                  max_experts=w1.shape[0] - 1)
     if args.get("inplace", False):
         return x.copy_(y)
     return y

@@ -87,6 +87,10 @@ def test_fold_setting():
     assert PluginConfig.from_env({"BASE_FOLD": "off"}).fold is False
     with pytest.raises(ValueError, match="BASE_FOLD"):
         PluginConfig.from_env({"BASE_FOLD": "sometimes"})
+    assert PluginConfig.from_env({}).moe == "sglang"
+    assert PluginConfig.from_env({"BASE_MOE": "Auto"}).moe == "auto"
+    with pytest.raises(ValueError, match="BASE_MOE"):
+        PluginConfig.from_env({"BASE_MOE": "ours"})
 
 
 def test_weight_updates_load_the_router_half(base_state):

@@ -226,10 +226,14 @@ def test_fused_moe_skips_dropped_slots_in_base_steps(base_state):
     call = sig.bind(x, w1, w2, w, ids, filter_expert=False)
     assert hooks.around_fused_experts(original, *call.args, **call.kwargs) == "sglang"
     assert calls[-1]["filter_expert"] is False  # not a BASE step: as SGLang made it
-    with base_state.decode_step([2]):
-        assert hooks.around_fused_experts(original, *call.args, **call.kwargs) == "sglang"
-        assert calls[-1]["filter_expert"] is True
-        assert any("hidden_states" in r for r in base_state.sglang_moe_reasons)
+    import dataclasses
+
+    for moe in ("sglang", "auto"):  # the default, then ours where plain (not these CPU tensors)
+        base_state.config = dataclasses.replace(base_state.config, moe=moe)
+        with base_state.decode_step([2]):
+            assert hooks.around_fused_experts(original, *call.args, **call.kwargs) == "sglang"
+            assert calls[-1]["filter_expert"] is True
+        assert any("hidden_states" in r for r in base_state.sglang_moe_reasons) == (moe == "auto")
 
 
 def _plain_call(T=3, E=6, H=32, I=16, dtype=torch.bfloat16, **extra):  # noqa: E741
@@ -271,12 +275,17 @@ def test_which_fused_experts_calls_run_ours(extra, reason, monkeypatch):
     monkeypatch.setattr(moe, "_interpreter", lambda: False)
     sig, args = _plain_call()
     assert "cpu" in moe.why_not_ours(args, sig)  # CPU tensors outside the interpreter: SGLang's
+    monkeypatch.setattr(moe, "_interpreter", lambda: True)
+    sig, args = _plain_call()
+    args = dict(args, hidden_states=torch.zeros(moe.OURS_MAX_TOKENS + 1, 32, dtype=torch.bfloat16))
+    assert "rows" in moe.why_not_ours(args, sig)  # larger batches: SGLang's kernel
 
 
 def test_plain_base_step_runs_our_fused_moe_through_the_hook(base_state):
-    """The whole AROUND hook in a BASE step with our kernel on the Triton CPU interpreter (a fresh
-    process: TRITON_INTERPRET must be set before the kernels are imported): == the core MoE, dropped
-    slot skipped, inplace writes hidden_states; BASE_MOE=sglang leaves it to SGLang's kernel."""
+    """The whole AROUND hook in a BASE step with BASE_MOE=auto and our kernel on the Triton CPU
+    interpreter (a fresh process: TRITON_INTERPRET must be set before the kernels are imported):
+    == the core MoE, dropped slot skipped, inplace writes hidden_states; BASE_MOE=sglang (the
+    default) leaves it to SGLang's kernel."""
     import os
     import subprocess
     import sys
@@ -299,6 +308,8 @@ def test_plain_base_step_runs_our_fused_moe_through_the_hook(base_state):
         def original(*a, **k):
             raise SystemExit("SGLang's kernel was called")
         state.STATE.active = True
+        assert state.STATE.config.moe == "sglang"  # the default
+        state.STATE.config = dataclasses.replace(state.STATE.config, moe="auto")
         y = hooks.around_fused_experts(original, x, w1, w2, w, ids)
         rel = ((y.float() - ref).norm() / ref.norm()).item()
         assert y.shape == (T, H) and rel < 1e-2, rel
