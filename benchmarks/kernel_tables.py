@@ -1,13 +1,14 @@
 """Markdown tables of BENCHMARKS.md's kernel section from a results folder.
 
-    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold|moe_e2e DIR
+    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold|moe_e2e DIR, or sweep FILE...
 select: bench_base_select.py's base_select.json (selection latency per launch variant, share of the
         dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed;
 moe:    fused_moe.json as one grid per shape (T x budget: ours µs (x byte floor) / SGLang µs [read]);
 dense:  fused_moe.json's dense rows against SGLang (its align inside where it was timed);
 route:  base_select.json's folded-router columns (what BASE adds to the router's GEMM + top-k);
 fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side;
-moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang).
+moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang);
+sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search.
 """
 
 from __future__ import annotations
@@ -126,12 +127,41 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
     return "\n".join(out)
 
 
+def sweep_table(paths: list[str]) -> str:
+    """gpu/sweep_moe.py cells: each launch structure's µs, the tile search's best, x byte floor."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+    from sweep_moe import short
+
+    out = ["| shape | T | routing | experts read | floor µs | grouped | pair-major | one launch | "
+           "one, 2 per SM | tile search on | its best µs | x floor | its config |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for path in paths:
+        with open(path) as f:
+            cells = json.load(f)["cells"]
+        for c in cells:
+            st = c["structures"]
+            cols = [f"{st[k]:.1f}" if k in st and st[k] != float("inf") else "-"
+                    for k in ("grouped", "pair", "one", "one2")]
+            tuned = (f"{c.get('searched', c['best_structure'])} | {c['tuned_us']:.1f} | "
+                     f"{c['tuned_us'] / c['floor_us']:.2f} | {short(c['tuned'])}"
+                     if "tuned" in c else "- | - | - | -")
+            out.append(f"| {c['shape']} | {c['T']} | {c['routing']} | {c['experts_read']} | "
+                       f"{c['floor_us']:.1f} | " + " | ".join(cols) + f" | {tuned} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e"))
-    ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json")
+    ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
+                                     "sweep"))
+    ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
+                    "(sweep: sweep_moe.json files)", nargs="+")
     args = ap.parse_args()
     kind = args.kind
+    if kind == "sweep":
+        print(sweep_table(args.folder))
+        return 0
+    args.folder = args.folder[0]
     if kind == "fold":
         print(fold_table(args.folder))
         return 0
