@@ -49,6 +49,7 @@ class MoeConfig:
 
 
 LARGE_EXPERT = 4096  # intermediate size from which an expert's weights stream best in BLOCK_K 256
+ONE_MAX_PAIRS = 256  # one_launch runs up to T*K pairs (tuned to T = 32 at K = 8); above, grouped
 
 
 def pair_major_wins(num_tokens: int, num_experts: int, top_k: int) -> bool:
@@ -127,7 +128,7 @@ def fused_moe(
     ids = ids.contiguous()
     weights = weights.contiguous()
     cfg = config or default_config(T, E, K, max_experts, hidden=H, inter=I, gpu=device_name(dev))
-    if cfg.one_launch:
+    if cfg.one_launch and T * K <= ONE_MAX_PAIRS:  # (a row of T <= 32 may be looked up above it)
         return moe_one(hidden, ids, weights, gate_up, down, block_m=cfg.block_m,
                        up=(cfg.up.block_n, cfg.up.block_k),
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,

@@ -108,6 +108,23 @@ def test_repeated_launches_keep_the_sync_entries_aligned():
     assert torch.equal((buf - before[moved[0]]).long(), torch.full_like(buf, 3 << BAR_BITS).long())
 
 
+def test_one_launch_rows_above_their_pairs_run_grouped():
+    """A one-launch row looked up for a larger batch (the table takes the largest tuned T <= T)
+    runs the 4-launch structure with the same tiles once T*K exceeds ONE_MAX_PAIRS."""
+    from base_sglang.kernels.fused_moe import ONE_MAX_PAIRS
+
+    x, ids, w, gu, dn = case(ONE_MAX_PAIRS // 2 + 1, 5, 2, seed=8)
+    tiles = dict(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16))
+    before = {k: v.clone() for k, v in _SYNC.items()}
+    one = fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles, one_launch=True))
+    assert {k: v for k, v in _SYNC.items() if k not in before} == {}  # moe_one never launched
+    assert all(torch.equal(before[k], v) for k, v in _SYNC.items())
+    assert torch.equal(one, fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles)))
+    x, ids, w, gu, dn = case(ONE_MAX_PAIRS // 2, 5, 2, seed=8)  # at the bound: one launch
+    fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles, one_launch=True))
+    assert any(k not in before or not torch.equal(before[k], v) for k, v in _SYNC.items())
+
+
 def test_through_fused_moe_config():
     x, ids, w, gu, dn = case(7, 13, 3, seed=7)
     cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True)
