@@ -28,7 +28,7 @@ from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.moe_one import moe_one
-from base_sglang.kernels.utils import FLOAT_DTYPES, ID_DTYPES, check, check_tensor, num_sms
+from base_sglang.kernels.utils import check_moe_inputs, num_sms
 
 
 @dataclass(frozen=True)
@@ -114,17 +114,8 @@ def fused_moe(
     config: tile shapes (default: default_config(T, E, K, max_experts)); max_experts: optional bound
     on the distinct experts the ids select (the BASE budget), used only to pick BLOCK_M.
     """
-    T, H = hidden.shape
-    E, two_i, _ = gate_up.shape
-    I = two_i // 2  # noqa: E741
-    K = ids.shape[1]
+    T, H, E, I, K = check_moe_inputs(hidden, ids, weights, gate_up, down)  # noqa: E741
     dev = hidden.device
-    check(hidden.dtype in (torch.bfloat16, torch.float16) and hidden.stride(1) == 1,
-          f"hidden: needs bf16/fp16 with unit column stride, got {hidden.dtype} {hidden.stride()}")
-    check_tensor("gate_up", gate_up, (E, 2 * I, H), (hidden.dtype,), dev)
-    check_tensor("down", down, (E, H, I), (hidden.dtype,), dev)
-    check_tensor("ids", ids, (T, K), ID_DTYPES, dev, contiguous=False)
-    check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
     ids = ids.contiguous()
     weights = weights.contiguous()
     cfg = config or default_config(T, E, K, max_experts, hidden=H, inter=I, gpu=device_name(dev))

@@ -34,10 +34,8 @@ import triton
 import triton.language as tl
 
 from base_sglang.kernels.utils import (
-    FLOAT_DTYPES,
-    ID_DTYPES,
     check,
-    check_tensor,
+    check_moe_inputs,
     is_interpreter,
     launch_kwargs,
     num_sms,
@@ -259,17 +257,8 @@ def moe_one(
     cooperative: bool = True,
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine)."""
-    T, H = hidden.shape
-    E, two_i, _ = gate_up.shape
-    I = two_i // 2  # noqa: E741
-    K = ids.shape[1]
+    T, H, E, I, K = check_moe_inputs(hidden, ids, weights, gate_up, down)  # noqa: E741
     dev = hidden.device
-    check(hidden.dtype in (torch.bfloat16, torch.float16) and hidden.stride(1) == 1,
-          f"hidden: needs bf16/fp16 with unit column stride, got {hidden.dtype} {hidden.stride()}")
-    check_tensor("gate_up", gate_up, (E, 2 * I, H), (hidden.dtype,), dev)
-    check_tensor("down", down, (E, H, I), (hidden.dtype,), dev)
-    check_tensor("ids", ids, (T, K), ID_DTYPES, dev, contiguous=False)
-    check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
     bn1, bk1 = up
     bn2, bk2 = down_tiles
     nt2 = triton.cdiv(H, bn2)

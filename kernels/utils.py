@@ -70,3 +70,23 @@ def check_tensor(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, device
     check(t.device == device, f"{name}: on {t.device}, expected {device}")
     if contiguous:
         check(t.is_contiguous(), f"{name}: must be contiguous (strides {t.stride()})")
+
+
+def check_moe_inputs(hidden, ids, weights, gate_up, down) -> tuple[int, int, int, int, int]:
+    """The contract of an expert-skipping MoE call (fused_moe, moe_one) -> (T, H, E, I, K):
+    hidden [T, H] bf16/fp16 with unit column stride; gate_up [E, 2I, H], down [E, H, I]
+    contiguous in hidden's dtype; ids [T, K] int32/int64, weights [T, K] float, on its device."""
+    check(hidden.dim() == 2 and hidden.dtype in (torch.bfloat16, torch.float16)
+          and hidden.stride(1) == 1,
+          f"hidden: needs [T, H] bf16/fp16 with unit column stride, got {tuple(hidden.shape)} "
+          f"{hidden.dtype} {hidden.stride()}")
+    T, H = hidden.shape
+    check(gate_up.dim() == 3 and ids.dim() == 2,
+          f"gate_up, ids: expected [E, 2I, H] and [T, K], got {tuple(gate_up.shape)}, {tuple(ids.shape)}")
+    E, two_i, _ = gate_up.shape
+    I, K, dev = two_i // 2, ids.shape[1], hidden.device  # noqa: E741
+    check_tensor("gate_up", gate_up, (E, 2 * I, H), (hidden.dtype,), dev)
+    check_tensor("down", down, (E, H, I), (hidden.dtype,), dev)
+    check_tensor("ids", ids, (T, K), ID_DTYPES, dev, contiguous=False)
+    check_tensor("weights", weights, (T, K), FLOAT_DTYPES, dev, contiguous=False)
+    return T, H, E, I, K
