@@ -64,16 +64,6 @@ def _wait_moved(ptr, base, BAR_BITS: tl.constexpr):
 
 
 @triton.jit
-def _split(slots, units, LOG_SPLIT: tl.constexpr):
-    """Largest power of 2 s <= 2^LOG_SPLIT with units * s <= slots (1 when none fits)."""
-    s = 1
-    for _ in tl.static_range(LOG_SPLIT):
-        if units * s * 2 <= slots:
-            s = s * 2
-    return s
-
-
-@triton.jit
 def _expert_pairs(ids_all, valid, e):
     """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
     mine = valid & (ids_all == e)  # [BP]
@@ -93,11 +83,11 @@ def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
 @triton.jit
 def _moe_one_kernel(
     x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr,
-    T, stride_x, stride_y, n_prog, slots,
+    T, stride_x, stride_y, n_prog,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
-    LOG_SPLIT: tl.constexpr, DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + BN1 - 1) // BN1  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -134,20 +124,15 @@ def _moe_one_kernel(
                     tl.store(y_ptr + ts[:, None] * stride_y + hh[None, :],
                              tl.zeros([BLOCK_TC, BN2], dtype=y_ptr.dtype.element_ty),
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
-    # few active experts: split each tile's columns over s units (masked columns are never
-    # loaded), s = the largest power of 2 <= 2^LOG_SPLIT with n_act * tiles * s <= slots
-    s1 = _split(slots, n_act * NT1, LOG_SPLIT)
-    s2 = _split(slots, n_act * NT2, LOG_SPLIT)
-    u1 = n_act * NT1 * s1
-    total = u1 + n_act * NT2 * s2
+    u1 = n_act * NT1
+    total = u1 + n_act * NT2
     for u in range(pid, total, n_prog):
         if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
-            j = u // (NT1 * s1)
-            nt = (u // s1) % NT1
-            lo = nt * BN1 + (u % s1) * (BN1 // s1)  # this unit's first column
+            j = u // NT1
+            nt = u % NT1
             e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
             ns = nt * BN1 + tl.arange(0, BN1)  # [BN1]
-            nmask = (ns >= lo) & (ns < lo + BN1 // s1) & (ns < I)
+            nmask = ns < I
             ks = tl.arange(0, BK1)  # [BK1]
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
@@ -173,15 +158,13 @@ def _moe_one_kernel(
                 acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
                 tl.store(act_ptr + pair[:, None] * I + ns[None, :],
                          acc.to(act_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
-            first = (u % (NT1 * s1)) == 0
-            _arrive(sync_ptr + 1 + j, tl.where(first, (1 << BAR_BITS) - (NT1 * s1 - 1), 1))
+            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, (1 << BAR_BITS) - (NT1 - 1), 1))
         else:  # ---- down unit (j, tile of H), then the combine if it arrives last --------------
-            j = (u - u1) // (NT2 * s2)
-            nh = ((u - u1) // s2) % NT2
-            lo_d = nh * BN2 + ((u - u1) % s2) * (BN2 // s2)
+            j = (u - u1) // NT2
+            nh = (u - u1) % NT2
             e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
             ns_d = nh * BN2 + tl.arange(0, BN2)  # [BN2]
-            nmask_d = (ns_d >= lo_d) & (ns_d < lo_d + BN2 // s2) & (ns_d < H)
+            nmask_d = ns_d < H
             ks_d = tl.arange(0, BK2)  # [BK2]
             _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
@@ -203,8 +186,7 @@ def _moe_one_kernel(
                     w_d_ptrs += BK2
                 tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
                          mask=rmask[:, None] & nmask_d[None, :])
-            first_h = (j == 0) & ((u - u1) % s2 == 0)
-            inc = tl.where(first_h, (1 << BAR_BITS) - (n_act * s2 - 1), 1)
+            inc = tl.where(j == 0, (1 << BAR_BITS) - (n_act - 1), 1)
             old_h = _arrive(sync_ptr + 1 + JMAX + nh, inc)
             if old_h + inc == base + (1 << BAR_BITS):  # every expert's tile nh is in: combine it
                 tl.debug_barrier()
@@ -217,11 +199,11 @@ def _moe_one_kernel(
                         wk = tl.load(wt_ptr + ts * K + k, mask=tmask, other=0.0).to(tl.float32)
                         use = (ek >= 0) & (ek < E) & tmask
                         xo = tl.load(po_ptr + (ts * K + k)[:, None].to(tl.int64) * H + ns_d[None, :],
-                                     mask=use[:, None] & (ns_d < H)[None, :], other=0.0,
+                                     mask=use[:, None] & nmask_d[None, :], other=0.0,
                                      cache_modifier=".cg")  # [BTC, BN2]
                         acc_y += tl.where(use[:, None], wk[:, None] * xo, 0.0)
                     tl.store(y_ptr + ts[:, None] * stride_y + ns_d[None, :],
-                             acc_y.to(y_ptr.dtype.element_ty), mask=tmask[:, None] & (ns_d < H)[None, :])
+                             acc_y.to(y_ptr.dtype.element_ty), mask=tmask[:, None] & nmask_d[None, :])
 
 
 _SYNC: dict[tuple, torch.Tensor] = {}
@@ -272,7 +254,6 @@ def moe_one(
     num_warps: int = 4,
     num_stages: int = 3,
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
-    split: int = 1,  # up to this many units per tile when few experts are active (power of 2)
     cooperative: bool = True,
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine)."""
@@ -284,8 +265,6 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    check(split in (1, 2, 4, 8) and split <= min(bn1, bn2),
-          f"split: 1, 2, 4 or 8 and at most the tile widths, got {split}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     ids = ids.contiguous()
     weights = weights.contiguous()
@@ -298,26 +277,25 @@ def moe_one(
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
     sync = sync_buffer(dev, 1 + jmax + nt2)
     interp = is_interpreter() or dev.type != "cuda"
-    units = min(E, P) * (triton.cdiv(I, bn1) + nt2) * split  # upper bound
+    units = min(E, P) * (triton.cdiv(I, bn1) + nt2)
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
                                    **({"launch_cooperative_grid": True} if cooperative else {}))
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
-                  BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, LOG_SPLIT=split.bit_length() - 1,
-                  DOT_F32=interp, BAR_BITS=BAR_BITS,
+                  BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
                   USE_PDL=pdl, num_warps=num_warps, num_stages=num_stages, **extra)
     args = (hidden, ids, weights, gate_up, down, act, pair_out, out, sync,
             T, hidden.stride(0), out.stride(0))
     if interp:  # one program per unit, in unit order (see the module docstring)
-        _moe_one_kernel[(units,)](*args, units, units, **consts)
+        _moe_one_kernel[(units,)](*args, units, **consts)
         return out
     sms = num_sms(dev)
     key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
     n_prog = min(programs or sms, units)
     if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
-        compiled = _moe_one_kernel.warmup(*args, n_prog, n_prog, grid=(1,), **consts)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
-    _moe_one_kernel[(n_prog,)](*args, n_prog, n_prog, **consts)
+    _moe_one_kernel[(n_prog,)](*args, n_prog, **consts)
     return out

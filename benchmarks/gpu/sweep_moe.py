@@ -79,16 +79,12 @@ def short(cfg: dict) -> str:
     """bm/pm up(n,k,w,s,order) down(...) in one token, for the log."""
     def g(c):
         return f"{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']}{'n' if c['n_fast'] else 'b'}"
-    one = (f"O{cfg.get('ctas_per_sm', 1)}" + (f"s{cfg['split']}" if cfg.get("split", 1) > 1 else "")
-           if cfg.get("one_launch") else "")
+    one = f"O{cfg.get('ctas_per_sm', 1)}" if cfg.get("one_launch") else ""
     return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}{one}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
 
 
 def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
     """One coordinate of the tile search around cfg (one_launch: no grid order, programs per SM)."""
-    if stage == "split":
-        return [dataclasses.replace(cfg, split=k) for k in (1, 2, 4)
-                if cfg.one_launch and k != cfg.split]
     if stage == "ctas":
         return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3, 4)
                 if cfg.one_launch and c != cfg.ctas_per_sm]
@@ -127,8 +123,6 @@ def main() -> int:
     ap.add_argument("--structure", default="", help="tile-search this structure (e.g. one), "
                     "not the fastest")
     ap.add_argument("--routings", default="dense,budget", help="dense and/or budget (BASE M)")
-    ap.add_argument("--stages", default="bm,order,ctas,split,up,down,order,ctas",
-                    help="coordinates of the tile search, in order")
     ap.add_argument("--budget-m", type=int, default=0, help="BASE budget M (default 16, 4 for E=8)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new cells after this")
     args = ap.parse_args()
@@ -192,7 +186,7 @@ def main() -> int:
                         cfg = structures(base, T)[search]
                         best_t = times[search]
                         trials = []
-                        for stage in args.stages.split(","):
+                        for stage in ("bm", "order", "ctas", "up", "down", "order", "ctas"):
                             for c in candidates(stage, cfg, T * K, n_read):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))

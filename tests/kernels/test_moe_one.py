@@ -47,20 +47,6 @@ def test_matches_reference_and_four_launches(T, E, K, H, I, id_dtype):  # noqa: 
     assert rel_err(y, four) < 1e-3
 
 
-@pytest.mark.parametrize("split", [2, 4])
-def test_split_tiles_match_unsplit(split):
-    """Few active experts: each tile's columns go to `split` units (the interpreter's slots make
-    the largest split fit); the result equals the unsplit launch."""
-    x, ids, w, gu, dn = case(3, 8, 2, H=64, I=32, seed=9)
-    tiles = dict(up=(32, 16), down_tiles=(32, 16), block_m=16)
-    one = moe_one(x, ids, w, gu, dn, **tiles)
-    y = moe_one(x, ids, w, gu, dn, **tiles, split=split)
-    assert rel_err(y, one) < 1e-6 and rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
-    cfg = MoeConfig(block_m=16, up=GemmConfig(32, 16), down=GemmConfig(32, 16), one_launch=True,
-                    split=split)
-    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
-
-
 def test_dropped_slots_rows_and_everything():
     x, ids, w, gu, dn = case(5, 7, 3, seed=3)
     ids = ids.clone()
@@ -148,8 +134,7 @@ def test_through_fused_moe_config():
 
 
 @pytest.mark.parametrize("kwargs,field", [(dict(block_m=24), "block_m"), (dict(up=(24, 16)), "up"),
-                                          (dict(down_tiles=(16, 8)), "down_tiles"),
-                                          (dict(split=3), "split"), (dict(split=32), "split")])
+                                          (dict(down_tiles=(16, 8)), "down_tiles")])
 def test_bad_tiles_name_the_field(kwargs, field):
     x, ids, w, gu, dn = case(2, 4, 2)
     with pytest.raises(ValueError, match=field):
