@@ -44,6 +44,7 @@ from base_sglang.kernels.base_select import (
     selection_outputs,
 )
 from base_sglang.kernels.utils import (
+    BAR_BITS,
     FLOAT_DTYPES,
     ID_DTYPES,
     barrier_buffer,
@@ -57,7 +58,6 @@ from base_sglang.kernels.utils import (
 
 ID_BITS = 20  # low bits of a packed key hold (2^20 - 1 - expert id): E < 2^20
 SENTINEL = -(1 << 62)  # key of "not a candidate": below every packed key
-BAR_BITS = 20  # one launch moves the barrier counter by 2^20: at most 2^20 - 1 programs
 
 
 @triton.jit

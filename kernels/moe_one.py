@@ -15,8 +15,8 @@ are resident) walks one list of work units, program p taking units p, p + G, p +
              in slot order (fp32, exactly moe_combine's sum): no wait, no extra unit
 Units are numbered up-then-down, expert-major, so a down unit only waits on units with smaller
 numbers: the lowest unfinished unit can always run, and the grid cannot deadlock.
-Synchronisation without memsets: one int32 buffer per (device, stream) holds [gen, flag[JMAX],
-hcount[NH]]; every launch adds exactly 2^BAR_BITS to every entry (the first arrival of each adds
+Synchronisation without memsets: one utils.barrier_buffer per (device, stream, size) holds [gen,
+flag[JMAX], hcount[NH]]; every launch adds exactly 2^BAR_BITS to every entry (the first arrival of each adds
 2^BAR_BITS minus the others' count, program 0 pads unused entries), so a program learns its launch's
 base from its own arrival on gen, and "complete" is "the high bits moved". Graph replays need
 nothing. Spins are bounded (~2^22 polls) so a broken counter cannot hang the GPU. Under the CPU
@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 
 from base_sglang.kernels.utils import (
+    BAR_BITS,
+    barrier_buffer,
     check,
     check_moe_inputs,
     is_interpreter,
@@ -41,8 +43,6 @@ from base_sglang.kernels.utils import (
     num_sms,
     use_pdl,
 )
-
-BAR_BITS = 20  # one launch moves every sync entry by 2^20
 
 
 @triton.jit
@@ -206,23 +206,6 @@ def _moe_one_kernel(
                              acc_y.to(y_ptr.dtype.element_ty), mask=tmask[:, None] & nmask_d[None, :])
 
 
-_SYNC: dict[tuple, torch.Tensor] = {}
-
-
-def sync_buffer(device: torch.device, n: int) -> torch.Tensor:
-    """The [n] int32 sync entries of one launch shape, one buffer per (device, stream, n), zeroed
-    once. Every launch adds exactly 2^BAR_BITS to each entry, so it is never reset (see
-    utils.barrier_buffer for the capture rule: warm up on the capture stream)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, n)
-    buf = _SYNC.get(key)
-    if buf is None:
-        buf = torch.zeros(n, dtype=torch.int32, device=device)
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            _SYNC[key] = buf
-    return buf
-
-
 _FITS: dict[tuple, int] = {}
 
 
@@ -275,7 +258,7 @@ def moe_one(
     jmax = triton.next_power_of_2(min(E, P))
     act = torch.empty((P, I), dtype=hidden.dtype, device=dev)  # [P, I]
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
-    sync = sync_buffer(dev, 1 + jmax + nt2)
+    sync = barrier_buffer(dev, 1 + jmax + nt2)  # [gen, flag[JMAX], hcount[NT2]]
     interp = is_interpreter() or dev.type != "cuda"
     units = min(E, P) * (triton.cdiv(I, bn1) + nt2)
     pdl = use_pdl(dev)

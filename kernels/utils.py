@@ -35,23 +35,25 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+BAR_BITS = 20  # one launch moves every barrier entry by 2^20: at most 2^20 - 1 arrivals per entry
 _BARRIERS: dict[tuple, torch.Tensor] = {}
 
 
-def barrier_buffer(device: torch.device) -> torch.Tensor:
-    """The int32 counter of a grid barrier, one per (device, current stream), zeroed once.
+def barrier_buffer(device: torch.device, n: int = 1) -> torch.Tensor:
+    """The [n] int32 counters of a grid barrier (base_fused: one; moe_one: one per launch shape's
+    flags), one buffer per (device, current stream, n), zeroed once.
 
-    Kernels move it by exactly 2^BAR_BITS per launch and read their launch from their own arrival,
-    so it is never reset: no memset per call, in eager calls or graph replays. Launches on one
-    stream are serialised; concurrent streams get their own counter. A buffer made during graph
+    Kernels move every entry by exactly 2^BAR_BITS per launch and read their launch from their own
+    arrival, so it is never reset: no memset per call, in eager calls or graph replays. Launches on
+    one stream are serialised; concurrent streams get their own counters. A buffer made during graph
     capture is not cached (it belongs to the graph's memory pool, and its zeroing is a graph node):
     warm up on the capture stream, as SGLang does.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+    key = (str(device), stream, n)
     buf = _BARRIERS.get(key)
     if buf is None:
-        buf = torch.zeros(1, dtype=torch.int32, device=device)  # a multiple of 2^BAR_BITS
+        buf = torch.zeros(n, dtype=torch.int32, device=device)  # multiples of 2^BAR_BITS
         if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
             _BARRIERS[key] = buf
     return buf

@@ -12,7 +12,7 @@ from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_one
 from base_sglang.kernels.fused_moe import MoeConfig
 from base_sglang.kernels.moe_gemm import GemmConfig
-from base_sglang.kernels.moe_one import _SYNC, BAR_BITS
+from base_sglang.kernels.utils import _BARRIERS, BAR_BITS
 
 REL_TOL = 1e-2  # bf16 weights, fp32 accumulation, the activation rounded to bf16 once
 TILES = dict(up=(16, 16), down_tiles=(16, 16), block_m=16)
@@ -98,13 +98,13 @@ def test_repeated_launches_keep_the_sync_entries_aligned():
     few[:, 1] = -1
     few[3:] = -1
     ref_few = moe_one(x, few, w, gu, dn, **TILES)
-    before = {k: v.clone() for k, v in _SYNC.items()}
+    before = {k: v.clone() for k, v in _BARRIERS.items()}
     for i in range(3):
         assert torch.equal(moe_one(x, ids if i % 2 == 0 else few, w, gu, dn, **TILES),
                            first if i % 2 == 0 else ref_few)
-    moved = [k for k in _SYNC if k in before and not torch.equal(_SYNC[k], before[k])]
+    moved = [k for k in _BARRIERS if k in before and not torch.equal(_BARRIERS[k], before[k])]
     assert len(moved) == 1
-    buf = _SYNC[moved[0]]
+    buf = _BARRIERS[moved[0]]
     assert torch.equal((buf - before[moved[0]]).long(), torch.full_like(buf, 3 << BAR_BITS).long())
 
 
@@ -115,14 +115,14 @@ def test_one_launch_rows_above_their_pairs_run_grouped():
 
     x, ids, w, gu, dn = case(ONE_MAX_PAIRS // 2 + 1, 5, 2, seed=8)
     tiles = dict(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16))
-    before = {k: v.clone() for k, v in _SYNC.items()}
+    before = {k: v.clone() for k, v in _BARRIERS.items()}
     one = fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles, one_launch=True))
-    assert {k: v for k, v in _SYNC.items() if k not in before} == {}  # moe_one never launched
-    assert all(torch.equal(before[k], v) for k, v in _SYNC.items())
+    assert {k: v for k, v in _BARRIERS.items() if k not in before} == {}  # moe_one never launched
+    assert all(torch.equal(before[k], v) for k, v in _BARRIERS.items())
     assert torch.equal(one, fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles)))
     x, ids, w, gu, dn = case(ONE_MAX_PAIRS // 2, 5, 2, seed=8)  # at the bound: one launch
     fused_moe(x, ids, w, gu, dn, config=MoeConfig(**tiles, one_launch=True))
-    assert any(k not in before or not torch.equal(before[k], v) for k, v in _SYNC.items())
+    assert any(k not in before or not torch.equal(before[k], v) for k, v in _BARRIERS.items())
 
 
 def test_through_fused_moe_config():
