@@ -55,7 +55,7 @@ DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 12
 
 
 ONE_MAX_T = 32  # the one-launch structure is timed up to this T
-# one-launch tiles: its start (the second session's winner at Qwen3 T = 4-16, M = 16) and search
+# one-launch tiles: its start (call 2's winner, sixth session, Qwen3 T = 4-16, M = 16) and search
 ONE_START = dict(ctas_per_sm=3, up=GemmConfig(64, 128, 4, 3), down=GemmConfig(128, 64, 4, 4))
 ONE_UP = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(64, 64, 4, 4),
           GemmConfig(32, 256, 4, 3), GemmConfig(64, 128, 8, 3), GemmConfig(128, 64, 4, 3),
