@@ -47,7 +47,13 @@ from base_sglang.kernels.base_fused import (
     combine_rows,
     store_rows,
 )
-from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget, check_combine, check_table
+from base_sglang.kernels.base_select import (
+    COMBINE_MODES,
+    batch_budget,
+    check_combine,
+    check_table,
+    layer_budget,
+)
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,
@@ -101,6 +107,24 @@ def _top(key, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr, ITER: tl.constexpr, S
 
 
 @triton.jit
+def _top_of_s(ranked, n_s, lg_ptr, stride, ts, tmask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
+              COMPACT: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr,
+              SENT: tl.constexpr):
+    """The top-K keys [BT, KK] of rows ts among S's experts, S being the first n_s <= COMPACT
+    entries of ranked [BE] (the sorted (D, id) keys): the rows' logits at S's columns, reloaded
+    (L1/L2) into a [BT, COMPACT] tile. The same keys as the [BT, BE] tile masked to S, so the
+    same top-K, on a tile BE / COMPACT times narrower."""
+    cs = tl.arange(0, COMPACT)  # [CW] positions in S
+    first = tl.gather(ranked, cs, 0)  # [CW] the CW largest keys
+    in_c = cs < n_s
+    col = tl.where(in_c, ((1 << ID_BITS) - 1 - (first & ((1 << ID_BITS) - 1))).to(tl.int32), 0)
+    lg_c, valid_c = _load_rows(lg_ptr, stride, ts, tmask, col, in_c)  # [BT, CW]
+    key_c = tl.where(valid_c, _key(lg_c, col[None, :], KEY32, ID_BITS), SENT)
+    top, _kth = _top(key_c, kk, K, BLOCK_KK, ITER, SENT)
+    return top
+
+
+@triton.jit
 def _route_rows(lg, valid, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
                 KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """The router on loaded rows lg [BT, BE] (invalid entries any finite value): (keys, top keys
@@ -115,6 +139,16 @@ def _route_rows(lg, valid, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexp
     p = ex / s[:, None]  # [BT, BE]
     tp = tl.maximum(tl.sum(tl.where(routed, p, 0.0), axis=1), 1e-30)  # [BT] routed mass
     return key, top, kth, mx, s, routed, p, tp
+
+
+@triton.jit
+def _rows_budget(bud, table_ptr, E: tl.constexpr, HAS_TABLE: tl.constexpr):
+    """batch_budget's M from the budgets bud [BT] of every row, already loaded (-1 past T): each
+    clamped to [0, E] before the max (the same M, an int32 reduction), then the schedule."""
+    m = tl.max(tl.minimum(tl.maximum(bud, 0), E).to(tl.int32), axis=0)
+    if HAS_TABLE:
+        m = layer_budget(m, table_ptr, E)
+    return m
 
 
 @triton.jit
@@ -142,10 +176,11 @@ def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK
 
 @triton.jit
 def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-               counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E: tl.constexpr, K: tl.constexpr,
+               lg_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+               BLOCK_E: tl.constexpr, K: tl.constexpr,
                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
                KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-               ID_BITS: tl.constexpr, SENT: tl.constexpr):
+               COMPACT: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """From D [BE], the union counts and the union's size: S, the statistics (program 0) and this
     program's rows (ids [BT, KK], weights, mask of filled slots)."""
     in_union = (cnt > 0) & emask
@@ -169,7 +204,15 @@ def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es,
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
     # ---- this program's rows -----------------------------------------------------------------
     if BACKFILL:  # the top-K of S by logit: routed experts in S first, then backfill
-        nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
+        n_s = tl.minimum(m, n_union)  # |S|
+        if COMPACT > 0:  # a runtime branch, both sides compiled: budgets change between replays
+            if n_s <= COMPACT:  # S's columns alone
+                nkey = _top_of_s(ranked, n_s, lg_ptr, stride_l, ts, tmask, kk, K, BLOCK_KK, COMPACT,
+                                 KEY32, ITER, ID_BITS, SENT)
+            else:  # the [BT, BE] tile masked to S
+                nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
+        else:
+            nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
         new, l_new = _unkey(nkey, KEY32, ID_BITS)
         ok = (nkey > SENT) & m2
         new = tl.where(ok, new, -1)
@@ -198,7 +241,7 @@ def _base_route_kernel(
     BLOCK_T: tl.constexpr, T_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     SELECT: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
     HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    COMPACT: tl.constexpr, USE_PDL: tl.constexpr,
     ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -218,7 +261,8 @@ def _base_route_kernel(
     lg, valid = _load_rows(logits_ptr, stride_l, ts, tmask, es, emask)  # [BT, BE]
     if SELECT:
         yh, _v = _load_rows(yhat_ptr, stride_y, ts, tmask, es, emask)
-    real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
+    bud = tl.load(budget_ptr + ts, mask=tmask, other=-1)  # [BT]
+    real = bud >= 0
     key, top, kth, mx, s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK, KEY32,
                                                       ITER, ID_BITS, SENT)
     ids_t, l_own = _unkey(top, KEY32, ID_BITS)  # [BT, KK] the router's top-K, best first
@@ -230,7 +274,10 @@ def _base_route_kernel(
     new_w = w_t
     ok = m2
     if SELECT:
-        m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
+        if T_CHUNKS == 1:  # this program's rows are every row: M from their loaded budgets
+            m = _rows_budget(bud, table_ptr, E, HAS_TABLE)
+        else:
+            m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
         # ---- batch score D over every row (each program on its own: no barrier) -----------------
         if T_CHUNKS == 1:  # this program's rows are every row
             rr = routed & real[:, None]
@@ -244,8 +291,9 @@ def _base_route_kernel(
                 d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
                 new, new_w, ok = _kept_rows(
                     d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                    counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
-                    COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
+                    logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+                    BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
+                    ID_BITS, SENT)
             elif pid == 0:  # S = the union: the routing as it is
                 tl.store(counts_ptr, n_union.to(tl.int64))
                 tl.store(counts_ptr + 1, n_union.to(tl.int64))
@@ -266,9 +314,19 @@ def _base_route_kernel(
             n_union = tl.sum(((cnt > 0) & emask).to(tl.int32), axis=0)
             new, new_w, ok = _kept_rows(
                 d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
-                COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
+                logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+                BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
+                ID_BITS, SENT)
     store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
+
+
+def compact_width(compact: int, block_e: int, K: int) -> int:
+    """Columns of the compacted backfill tile for |S| <= compact: a power of two, at least
+    next_pow2(K) (the top-k's width); 0 (off) where that is not narrower than the full tile."""
+    if compact <= 0:
+        return 0
+    w = max(triton.next_power_of_2(compact), triton.next_power_of_2(K))
+    return w if w < block_e else 0
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:
@@ -276,7 +334,7 @@ def route_blocks(T: int, E: int, K: int) -> dict:
     BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch]" overrides them (benchmark sweeps only)."""
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
-    num_warps, it, scratch = (4 if block_t * block_e <= 1024 else 8), False, True
+    num_warps, it, scratch, compact = (4 if block_t * block_e <= 1024 else 8), False, True, 32
     if T == 1:  # one warp, K max-reductions: 0.2-0.5 us faster at E = 64 and 128 (H200 sweep)
         num_warps, it = 1, True
     if "BASE_ROUTE_TILES" in os.environ:
@@ -285,15 +343,16 @@ def route_blocks(T: int, E: int, K: int) -> dict:
             v = [int(x) for x in raw.split(",")]
         except ValueError:
             v = []
-        if len(v) not in (3, 4) or v[0] not in (1, 2, 4, 8, 16, 32) or v[1] < 1:
+        if len(v) not in (3, 4, 5) or v[0] not in (1, 2, 4, 8, 16, 32) or v[1] < 1 or min(v[2:]) < 0:
             raise ValueError(f"BASE_ROUTE_TILES: expected num_warps (1-32, a power of two),rows per "
-                             f"block,iter[,scratch] as integers, got {raw!r}")
+                             f"block,iter[,scratch[,compact]] as integers >= 0, got {raw!r}")
         num_warps, block_t, it = v[0], max(1, min(v[1], triton.next_power_of_2(max(T, 1)))), bool(v[2])
         scratch = bool(v[3]) if len(v) > 3 else scratch
+        compact = v[4] if len(v) > 4 else compact
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 T_CHUNKS=triton.next_power_of_2(triton.cdiv(max(T, 1), block_t)),
                 BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it, SCRATCH=scratch,
-                num_warps=num_warps)
+                COMPACT=compact_width(compact, block_e, K), num_warps=num_warps)
 
 
 def base_route_select(

@@ -136,7 +136,7 @@ def test_every_tiling_and_topk_method(tiles, T, budget, monkeypatch):
     check_route(T, 32, 4, [budget] * T, seed=T, dtype=torch.float32, policy="base")
 
 
-@pytest.mark.parametrize("tiles", ["8,16", "x,16,0", "3,16,0", "8,0,1", "8,16,0,1,1"])
+@pytest.mark.parametrize("tiles", ["8,16", "x,16,0", "3,16,0", "8,0,1", "8,16,0,1,16,1", "8,16,0,1,-8"])
 def test_bad_tile_override_names_the_variable(tiles, monkeypatch):
     monkeypatch.setenv("BASE_ROUTE_TILES", tiles)
     with pytest.raises(ValueError, match="BASE_ROUTE_TILES"):
