@@ -195,7 +195,8 @@ def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es,
         in_union = d >= 0.0  # (experts past E stored -1 too)
     dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE] int64 keys (D, id)
     ranked = tl.sort(dkey, descending=True)
-    kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
+    at_m = tl.zeros([1], dtype=tl.int32) + tl.maximum(m - 1, 0).to(tl.int32)
+    kth_d = tl.gather(ranked, at_m, 0)  # [1] the M-th largest key (a gather, not a [BE] reduction)
     in_s = in_union & (dkey >= kth_d) & (es * 0 + m > 0)  # [BE] the kept set S (a [BE] compare:
     # the interpreter types `bool tensor & scalar` by the tensor's source, here a float load)
     if pid == 0:  # |S| = min(M, |union|): one reduction fewer on the chain
