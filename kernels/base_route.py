@@ -152,6 +152,27 @@ def _rows_budget(bud, table_ptr, E: tl.constexpr, HAS_TABLE: tl.constexpr):
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _union_bits(rr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """The experts routed by some row of rr [BT, BE] as G-bit words [BE / G]: bit j of word g is
+    expert g * G + j. Packing first makes the cross-row reduction one word per thread instead of
+    G counts (the rows' tile holds G adjacent experts per thread)."""
+    sh = tl.arange(0, G)
+    words = tl.sum(tl.reshape(rr.to(tl.int32), [BLOCK_T, BLOCK_E // G, G]) << sh[None, None, :], axis=2)
+    return tl.reduce(words, 0, _or)  # [BE / G]
+
+
+@triton.jit
+def _union_of(bits, es, BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """[BE] bool: expert es in the union, from _union_bits' words."""
+    return ((tl.reshape(tl.broadcast_to(bits[:, None], [BLOCK_E // G, G]), [BLOCK_E]) >> (es % G)) & 1) > 0
+
+
+@triton.jit
 def _load_rows(ptr, stride, ts, tmask, es, emask):
     valid = tmask[:, None] & emask[None, :]
     x = tl.load(ptr + ts.to(tl.int64)[:, None] * stride + es[None, :], mask=valid, other=0.0)
@@ -161,8 +182,9 @@ def _load_rows(ptr, stride, ts, tmask, es, emask):
 @triton.jit
 def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
                  RENORM: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr,
-                 ID_BITS: tl.constexpr, SENT: tl.constexpr):
-    """(D [BE], union counts [BE]) of loaded rows."""
+                 ID_BITS: tl.constexpr, SENT: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """(D [BE], _union_bits words [BE / G]) of loaded rows."""
     _key_, _top_, _kth, _mx, _s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK,
                                                              KEY32, ITER, ID_BITS, SENT)
     routed = routed & real[:, None]
@@ -171,19 +193,18 @@ def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK
         w = p / tp[:, None]
     cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
     cost = tl.where(routed & (cost == cost), cost, 0.0)  # a NaN row scores nothing
-    return tl.sum(cost, axis=0), tl.sum(routed.to(tl.int32), axis=0)
+    return tl.sum(cost, axis=0), _union_bits(routed, BLOCK_T, BLOCK_E, G)
 
 
 @triton.jit
-def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+def _kept_rows(d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                lg_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
                BLOCK_E: tl.constexpr, K: tl.constexpr,
                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
                KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
                COMPACT: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
-    """From D [BE], the union counts and the union's size: S, the statistics (program 0) and this
+    """From D [BE], the union [BE] and its size: S, the statistics (program 0) and this
     program's rows (ids [BT, KK], weights, mask of filled slots)."""
-    in_union = (cnt > 0) & emask
     if SCRATCH:  # D through this program's scratch row, read back in a one-per-thread layout:
         # Triton's sort of the [BE] slice of a [BT, BE] tile costs ~1500 instructions, of a
         # freshly loaded [BE] vector ~200 (SASS counts, sm_90)
@@ -246,6 +267,7 @@ def _base_route_kernel(
     ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    G: tl.constexpr = 8 if BLOCK_E >= 8 else BLOCK_E  # experts per union word
     es = tl.arange(0, BLOCK_E)  # [BE]
     emask = es < E
     kk = tl.arange(0, BLOCK_KK)  # [KK] slots (also output slots j)
@@ -282,8 +304,8 @@ def _base_route_kernel(
         # ---- batch score D over every row (each program on its own: no barrier) -----------------
         if T_CHUNKS == 1:  # this program's rows are every row
             rr = routed & real[:, None]
-            cnt = tl.sum(rr.to(tl.int32), axis=0)  # [BE]
-            n_union = tl.sum((cnt > 0).to(tl.int32), axis=0)
+            in_union = _union_of(_union_bits(rr, BLOCK_T, BLOCK_E, G), es, BLOCK_E, G) & emask  # [BE]
+            n_union = tl.sum(in_union.to(tl.int32), axis=0)
             if m < n_union:  # something is dropped
                 w = p
                 if RENORM:
@@ -291,7 +313,7 @@ def _base_route_kernel(
                 cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
                 d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
                 new, new_w, ok = _kept_rows(
-                    d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                    d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                     logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
                     BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
                     ID_BITS, SENT)
@@ -301,20 +323,22 @@ def _base_route_kernel(
                 tl.store(removed_ptr, 0.0)
         else:
             d = tl.zeros([BLOCK_E], dtype=tl.float32)
-            cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
+            bits = tl.zeros([BLOCK_E // G], dtype=tl.int32)
             for c in tl.static_range(T_CHUNKS):  # independent chunks: their loads can overlap
                 tc = c * BLOCK_T + tl.arange(0, BLOCK_T)
                 tcm = tc < T
                 lg_c, valid_c = _load_rows(logits_ptr, stride_l, tc, tcm, es, emask)
                 yh_c, _vc = _load_rows(yhat_ptr, stride_y, tc, tcm, es, emask)
                 real_c = tl.load(budget_ptr + tc, mask=tcm, other=-1) >= 0
-                d_c, n_c = _chunk_score(lg_c, yh_c, valid_c, real_c, b_e, es, emask, kk, K,
-                                        BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT)
+                d_c, b_c = _chunk_score(lg_c, yh_c, valid_c, real_c, b_e, es, emask, kk, K,
+                                        BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT, BLOCK_T,
+                                        BLOCK_E, G)
                 d += d_c
-                cnt += n_c
-            n_union = tl.sum(((cnt > 0) & emask).to(tl.int32), axis=0)
+                bits = bits | b_c
+            in_union = _union_of(bits, es, BLOCK_E, G) & emask  # [BE]
+            n_union = tl.sum(in_union.to(tl.int32), axis=0)
             new, new_w, ok = _kept_rows(
-                d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                 logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
                 BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
                 ID_BITS, SENT)
