@@ -529,6 +529,49 @@ def check_route_tiles() -> None:
         record(f"route_tiles/{shape}/T={T}/{tiles}", not bad, failures=bad)
 
 
+def check_route_compact() -> None:
+    """The narrow backfill (|S| <= COMPACT: a [BT, COMPACT] tile of S's columns) against the same
+    tiles with it off (compact 0): ids and counts must be equal; the weights are reported bitwise
+    (`bit_equal`) and must agree to 1e-6 (a slot sum of the combine can run in another layout)."""
+    from base_sglang.kernels import route_select_experts
+    from base_sglang.kernels.base_route import route_blocks
+
+    for shape, T in [(sh, T) for sh in ("qwen3-30b-a3b", "olmoe-1b-7b") for T in (1, 8, 16, 32, 64)]:
+        s = SHAPES[shape]
+        E, K = s["E"], s["K"]
+        w2, z, pred = route_case(shape, T, seed=T + 200)
+        scores = z @ w2.T
+        logits, yhat = scores[:, :E], scores[:, E:]
+        c = route_blocks(T, E, K)
+        tiles = f"{c['num_warps']},{c['BLOCK_T']},{int(c['ITER'])},{int(c['SCRATCH'])}"
+        width = c["COMPACT"]
+        buds = dict(budgets(T, E, K), at=torch.full((T,), width, device=DEVICE),
+                    below=torch.full((T,), width - 1, device=DEVICE),
+                    above=torch.full((T,), width + 1, device=DEVICE))
+        bad, bit_equal, worst = [], True, 0.0
+        for policy, renorm in (("base_plus", "native"), ("base", "native"), ("base", "never")):
+            cfg = SelectionConfig(policy=policy, renorm=renorm)
+            for bname, bud in buds.items():
+                out = []
+                for comp in (0, width):
+                    os.environ["BASE_ROUTE_TILES"] = f"{tiles},{comp}"
+                    try:
+                        out.append(route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
+                                                        norm_topk_prob=s["norm_topk_prob"]))
+                    finally:
+                        os.environ.pop("BASE_ROUTE_TILES", None)
+                off, on = out
+                same = (torch.equal(off.ids, on.ids) and int(off.stats.num_kept) == int(on.stats.num_kept)
+                        and int(off.stats.num_union) == int(on.stats.num_union))
+                diff = float((off.weights - on.weights).abs().max())
+                bit_equal &= torch.equal(off.weights, on.weights)
+                worst = max(worst, diff)
+                if not same or diff > 1e-6:
+                    bad.append(f"{policy}/{renorm}/{bname}")
+        record(f"route_compact/{shape}/T={T}/w={width}", not bad, failures=bad, bit_equal=bit_equal,
+               max_weight_diff=worst)
+
+
 def check_route_graph() -> None:
     from base_sglang.kernels import route_select_experts
 
@@ -578,7 +621,7 @@ def main() -> int:
     elif args.only == "moe":
         checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "route":
-        checks = [check_route, check_route_graph, check_route_tiles, check_sched]
+        checks = [check_route, check_route_graph, check_route_tiles, check_route_compact, check_sched]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs

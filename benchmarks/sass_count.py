@@ -4,8 +4,11 @@
         [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
 Compiles kernels/base_route.py's kernel with Triton for an H100/H200 target (ptxas and cuobjdump
 ship with Triton's wheel) at the constants and integer specialisations a real call gets, and
-prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row):
-static SASS instructions, registers, stack bytes and the most frequent opcodes. At small T the
+prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row,
+narrow backfill width): static SASS instructions; the longest executed path (any; through the
+narrow backfill, |S| <= COMPACT; through the full-tile one), from the control-flow graph of
+nvdisasm's listing with its line info (loops once, divergent-warp fallbacks not taken); registers,
+stack bytes and the most frequent opcodes. At small T the
 launch is one program running a dependent chain, so its time on the GPU follows its instructions
 per warp (Nsight Compute, fifth session: 3887 per warp x 5.19 cycles per issue = 12.3 us). With
 Triton 3.6, the device's version, the Qwen3 T = 16 default compiles to the same 4016 instructions

@@ -13,7 +13,11 @@ The predictor of BASE is linear in the MoE input z, like the router, so one GEMM
     kept     S = the M union experts with the largest D (ties -> lower id): one sort of packed keys
     rows     backfill: the top-K experts of S by logit. A token's routed experts precede every
              other expert in its preference order, so this is exactly "its routed experts in S in
-             their order, then the other experts of S by logit" (base_select's rule); drop only:
+             their order, then the other experts of S by logit" (base_select's rule). When
+             |S| <= COMPACT (a runtime branch: budgets change between graph replays) the rows'
+             logits at S's columns, the first |S| sorted keys, are reloaded into a [BT, COMPACT]
+             tile and the top-K runs there (same keys, same result); else on the [BT, BE] tile
+             masked to S. Drop only:
              routed experts outside S become -1 in place;
              weights as base_select (combine "always" / "never" / "partial"), a row whose ids did
              not change keeps its routed weights bit-exactly; padded rows: ids -1, weights 0.
@@ -21,12 +25,15 @@ Every program recomputes D from all T rows (a few exps per element of a [T, E] t
 builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. When one block holds
 every row and M >= the union, nothing can be dropped: the routing is returned as it is, without D.
 SELECT=False is the router's top-k alone (the dense routing), the baseline this launch replaces.
+The union is OR-reduced as 8-expert bit words (one word per thread across the rows, not 8 counts);
+with one block M comes from the rows' budgets it already loaded.
 Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
 tl.topk, or K max-reductions (ITER). D goes through a per-program scratch row before the top-M
 sort (SCRATCH): read back with a fresh arange it has one key per thread, and the sort compiles to
 ~160 SASS instructions instead of ~1500 for the [BE] slice of a [BT, BE] tile (sm_90, Triton 3.6;
 benchmarks/sass_count.py). At small T the launch is one program's dependent chain, so its time
-follows that count (Nsight Compute, BENCHMARKS.md).
+follows that count (Nsight Compute, BENCHMARKS.md); the narrow backfill shortens the executed
+path at Qwen3 T = 16 from 2428 to 2205 SASS instructions (sass_count's path columns).
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
@@ -356,7 +363,8 @@ def compact_width(compact: int, block_e: int, K: int) -> int:
 
 def route_blocks(T: int, E: int, K: int) -> dict:
     """Tile sizes, warps and top-k method of the route-select launch for (T, E, K).
-    BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch]" overrides them (benchmark sweeps only)."""
+    BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch[,compact]]" overrides them (benchmark sweeps
+    only; compact: the narrow backfill's |S| bound, 0 off)."""
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
     num_warps, it, scratch, compact = (4 if block_t * block_e <= 1024 else 8), False, True, 32

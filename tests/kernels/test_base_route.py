@@ -172,3 +172,59 @@ def test_topk_launch_then_the_unfolded_selection_on_strided_logits(kernel, monke
                           norm_topk_prob=True)
     assert torch.equal(got.ids.long(), want.ids)
     torch.testing.assert_close(got.weights, want.weights, rtol=0, atol=1e-6)
+
+
+def _route_with_tiles(tiles, monkeypatch, T, E, K, budget, **kw):
+    monkeypatch.setenv("BASE_ROUTE_TILES", tiles)
+    return check_route(T, E, K, budget, **kw)[0]
+
+
+# |S| at, below and above the narrow tile's width (32 here: E = 64, union of 12 rows x K = 8 above
+# 33), M < K, M = 0, padded rows, a dense row; ties on a coarse grid
+@pytest.mark.parametrize("budget", [[32] * 12, [31] * 12, [33] * 12, [3] * 12, [0] * 12,
+                                    [-1, 20, 9, -1, 32, 5, 5, -1, 1, 2, 3, 4], [64] + [5] * 11])
+@pytest.mark.parametrize("ties", [False, True])
+def test_narrow_backfill_is_the_full_tiles_result(budget, ties, monkeypatch):
+    # the narrow backfill (S's columns gathered into a [BT, 32] tile) against the same tiles with it
+    # off (compact 0), both against the core: ids, weights, counts and removed cost all equal
+    T, E, K = 12, 64, 8
+    off = _route_with_tiles("4,16,0,1,0", monkeypatch, T, E, K, budget, ties=ties, seed=31)
+    on = _route_with_tiles("4,16,0,1,32", monkeypatch, T, E, K, budget, ties=ties, seed=31)
+    assert torch.equal(on.ids, off.ids) and torch.equal(on.weights, off.weights)
+    assert int(on.stats.num_kept) == int(off.stats.num_kept) <= max(max(budget), 0)
+    assert torch.equal(on.stats.removed_cost, off.stats.removed_cost)
+
+
+@pytest.mark.parametrize("tiles,dtype,policy", [
+    ("4,16,1,1,16", torch.bfloat16, "base_plus"),  # K max-reductions, 16 columns (int32 keys)
+    ("4,16,0,1,8", torch.float32, "base"),  # int64 keys; width 8 = next_pow2(K): the least allowed
+    ("2,4,0,1,16", torch.bfloat16, "base_plus"),  # several programs, D over every chunk
+    ("2,4,0,0,16", torch.float32, "base"),  # no scratch row
+])
+@pytest.mark.parametrize("M", [7, 16, 17])
+def test_narrow_backfill_variants(tiles, dtype, policy, M, monkeypatch):
+    T, E, K = 12, 64, 8
+    on = _route_with_tiles(tiles, monkeypatch, T, E, K, [M] * 11 + [-1], dtype=dtype, policy=policy,
+                           seed=M)
+    off = _route_with_tiles(tiles.rsplit(",", 1)[0] + ",0", monkeypatch, T, E, K, [M] * 11 + [-1],
+                            dtype=dtype, policy=policy, seed=M)
+    assert torch.equal(on.ids, off.ids) and torch.equal(on.weights, off.weights)
+    assert (on.ids[-1] == -1).all() and (on.weights[-1] == 0).all()
+
+
+def test_narrow_backfill_under_a_schedule(monkeypatch):
+    # base_sched maps the batch budget through the table: 40 -> 6 (narrow), 12 -> 33 (full tile)
+    E = 64
+    table = list(range(E + 1))
+    table[40], table[12] = 6, 33
+    for b in (40, 12):
+        got = _route_with_tiles("4,16,0,1,32", monkeypatch, 10, E, 8, [b] * 10, policy="base_sched",
+                                seed=b, table=table)
+        assert int(got.stats.num_kept) == min(table[b], int(got.stats.num_union))
+
+
+def test_compact_width():
+    from base_sglang.kernels.base_route import compact_width
+    assert compact_width(32, 128, 8) == 32 and compact_width(20, 128, 8) == 32
+    assert compact_width(4, 128, 8) == 8  # at least the top-k's width
+    assert compact_width(32, 32, 8) == 0 and compact_width(0, 128, 8) == 0  # not narrower: off
