@@ -26,14 +26,18 @@ builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. When
 every row and M >= the union, nothing can be dropped: the routing is returned as it is, without D.
 SELECT=False is the router's top-k alone (the dense routing), the baseline this launch replaces.
 The union is OR-reduced as 8-expert bit words (one word per thread across the rows, not 8 counts);
-with one block M comes from the rows' budgets it already loaded.
+with one block M comes from the rows' budgets it already loaded. The two backfill paths leave the
+[BT, KK] rows in different layouts, so combine_rows sums over slots in a fixed order (SLOT_R,
+base_fused.slot_sum): the order the router's layout gave those sums before, so the weights stay
+bit-identical to the kernel without the narrow path (sm_90, Triton 3.6).
 Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
 tl.topk, or K max-reductions (ITER). D goes through a per-program scratch row before the top-M
 sort (SCRATCH): read back with a fresh arange it has one key per thread, and the sort compiles to
 ~160 SASS instructions instead of ~1500 for the [BE] slice of a [BT, BE] tile (sm_90, Triton 3.6;
 benchmarks/sass_count.py). At small T the launch is one program's dependent chain, so its time
-follows that count (Nsight Compute, BENCHMARKS.md); the narrow backfill shortens the executed
-path at Qwen3 T = 16 from 2428 to 2205 SASS instructions (sass_count's path columns).
+follows that count (Nsight Compute, BENCHMARKS.md). Longest executed path at Qwen3 T = 16
+(sass_count's path columns): 2887 SASS instructions before the sixth session, 2597 with the
+narrow backfill off, 2207 through it (|S| <= 32), 2430 through its full-tile fallback.
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
@@ -209,7 +213,7 @@ def _kept_rows(d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2
                BLOCK_E: tl.constexpr, K: tl.constexpr,
                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
                KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-               COMPACT: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
+               COMPACT: tl.constexpr, SLOT_R: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """From D [BE], the union [BE] and its size: S, the statistics (program 0) and this
     program's rows (ids [BT, KK], weights, mask of filled slots)."""
     if SCRATCH:  # D through this program's scratch row, read back in a one-per-thread layout:
@@ -257,7 +261,7 @@ def _kept_rows(d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2
         p_new = tl.where(ok, p_k, 0.0)
         is_own = ok
         w_own = w_t
-    new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE)
+    new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE, SLOT_R)
     return new, new_w, ok
 
 
@@ -270,7 +274,7 @@ def _base_route_kernel(
     BLOCK_T: tl.constexpr, T_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     SELECT: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
     HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-    COMPACT: tl.constexpr, USE_PDL: tl.constexpr,
+    COMPACT: tl.constexpr, SLOT_R: tl.constexpr, USE_PDL: tl.constexpr,
     ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -323,7 +327,7 @@ def _base_route_kernel(
                     d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                     logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
                     BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
-                    ID_BITS, SENT)
+                    SLOT_R, ID_BITS, SENT)
             elif pid == 0:  # S = the union: the routing as it is
                 tl.store(counts_ptr, n_union.to(tl.int64))
                 tl.store(counts_ptr + 1, n_union.to(tl.int64))
@@ -348,7 +352,7 @@ def _base_route_kernel(
                 d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
                 logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
                 BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
-                ID_BITS, SENT)
+                SLOT_R, ID_BITS, SENT)
     store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
 
 
@@ -359,6 +363,18 @@ def compact_width(compact: int, block_e: int, K: int) -> int:
         return 0
     w = max(triton.next_power_of_2(compact), triton.next_power_of_2(K))
     return w if w < block_e else 0
+
+
+def slot_order(block_t: int, block_e: int, K: int, num_warps: int) -> int:
+    """combine_rows' SLOT_R: the order its slot sums had before the narrow backfill (whose layouts
+    differ), when the router's [BT, BE] tile left R adjacent slots in each thread and the runs of R on
+    lanes: R = min(8, BT * BE / threads) (sm_90, Triton 3.6, checked on the compiled layouts of
+    every ROUTE_VARIANTS tiling); 0 (tl.sum in the layout it gets) for K other than 5-8, or
+    where runs may sit on warps (more than two runs across several warps)."""
+    if triton.next_power_of_2(K) != 8:
+        return 0
+    r = min(8, max(1, block_t * block_e // (32 * num_warps)))
+    return r if 8 // r <= 2 or num_warps == 1 else 0
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:
@@ -385,7 +401,8 @@ def route_blocks(T: int, E: int, K: int) -> dict:
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 T_CHUNKS=triton.next_power_of_2(triton.cdiv(max(T, 1), block_t)),
                 BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it, SCRATCH=scratch,
-                COMPACT=compact_width(compact, block_e, K), num_warps=num_warps)
+                COMPACT=compact_width(compact, block_e, K),
+                SLOT_R=slot_order(block_t, block_e, K, num_warps), num_warps=num_warps)
 
 
 def base_route_select(

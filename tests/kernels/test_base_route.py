@@ -6,11 +6,14 @@ folded GEMM's log-norms. Runs under the CPU interpreter without a GPU.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from kernel_helpers import DEVICE, W_ATOL, predictor
 
 from base_sglang.core import SelectionConfig
 from base_sglang.core.routing import fold_router, route_select, softmax_topk
 from base_sglang.kernels import base_route_select, route_select_experts
+from base_sglang.kernels.base_fused import slot_sum
 
 
 def folded_scores(T, E, H, *, seed=0, dtype=torch.bfloat16, ties=False):
@@ -228,3 +231,37 @@ def test_compact_width():
     assert compact_width(32, 128, 8) == 32 and compact_width(20, 128, 8) == 32
     assert compact_width(4, 128, 8) == 8  # at least the top-k's width
     assert compact_width(32, 32, 8) == 0 and compact_width(0, 128, 8) == 0  # not narrower: off
+
+
+@triton.jit
+def _slot_sum_kernel(x_ptr, out_ptr, R: tl.constexpr):
+    r = tl.arange(0, 4)
+    x = tl.load(x_ptr + r[:, None] * 8 + tl.arange(0, 8)[None, :])
+    tl.store(out_ptr + r, slot_sum(x, R))
+
+
+def test_slot_sum_orders():
+    # combine_rows' slot sums in a fixed order (base_fused.slot_sum): values where the association
+    # shows (1e8 + 1 - 1e8 is 0 or 1 in fp32 depending on it), each order checked against numpy
+    import numpy as np
+
+    x = np.array([[1e8, 1, -1e8, 1, 3, -3, 1e-3, 7],
+                  [1, 1e8, 1, -1e8, 1, 1, 1e8, -1e8],
+                  [-1e8, 1e8, 1, 1, 1e8, 1, 1, -1e8],
+                  [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]], dtype=np.float32)
+    f = np.float32
+    def seq(v):
+        acc = f(v[0])
+        for y in v[1:]:
+            acc = f(acc + f(y))
+        return acc
+    want = {8: [seq(r) for r in x],
+            4: [f(seq(r[:4]) + seq(r[4:])) for r in x],
+            2: [f(f(f(r[0] + r[1]) + f(r[4] + r[5])) + f(f(r[2] + r[3]) + f(r[6] + r[7]))) for r in x],
+            1: [f(f(f(r[0] + r[4]) + f(r[2] + r[6])) + f(f(r[1] + r[5]) + f(r[3] + r[7]))) for r in x]}
+    assert len({tuple(v) for v in want.values()}) == 4  # the orders differ on these rows
+    xt = torch.from_numpy(x).to(DEVICE)
+    for R, w in want.items():
+        out = torch.empty(4, dtype=torch.float32, device=DEVICE)
+        _slot_sum_kernel[(1,)](xt, out, R=R)
+        assert out.cpu().numpy().tolist() == [float(v) for v in w], R
