@@ -37,7 +37,7 @@ sort (SCRATCH): read back with a fresh arange it has one key per thread, and the
 benchmarks/sass_count.py). At small T the launch is one program's dependent chain, so its time
 follows that count (Nsight Compute, BENCHMARKS.md). Longest executed path at Qwen3 T = 16
 (sass_count's path columns): 2887 SASS instructions before the sixth session, 2597 with the
-narrow backfill off, 2207 through it (|S| <= 32), 2430 through its full-tile fallback.
+narrow backfill off, 2124 through it (|S| <= 32), 2427 through its full-tile fallback.
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
@@ -119,8 +119,7 @@ def _top(key, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr, ITER: tl.constexpr, S
 
 @triton.jit
 def _top_of_s(ranked, n_s, lg_ptr, stride, ts, tmask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
-              COMPACT: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr,
-              SENT: tl.constexpr):
+              COMPACT: tl.constexpr, KEY32: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """The top-K keys [BT, KK] of rows ts among S's experts, S being the first n_s <= COMPACT
     entries of ranked [BE] (the sorted (D, id) keys): the rows' logits at S's columns, reloaded
     (L1/L2) into a [BT, COMPACT] tile. The same keys as the [BT, BE] tile masked to S, so the
@@ -131,7 +130,8 @@ def _top_of_s(ranked, n_s, lg_ptr, stride, ts, tmask, kk, K: tl.constexpr, BLOCK
     col = tl.where(in_c, ((1 << ID_BITS) - 1 - (first & ((1 << ID_BITS) - 1))).to(tl.int32), 0)
     lg_c, valid_c = _load_rows(lg_ptr, stride, ts, tmask, col, in_c)  # [BT, CW]
     key_c = tl.where(valid_c, _key(lg_c, col[None, :], KEY32, ID_BITS), SENT)
-    top, _kth = _top(key_c, kk, K, BLOCK_KK, ITER, SENT)
+    top, _kth = _top(key_c, kk, K, BLOCK_KK, True, SENT)  # K max-reductions: on a tile this
+    # narrow ~80 SASS shorter than the bitonic tl.topk (Qwen3 T = 16: 2207 -> 2124 on the path)
     return top
 
 
@@ -241,7 +241,7 @@ def _kept_rows(d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2
         if COMPACT > 0:  # a runtime branch, both sides compiled: budgets change between replays
             if n_s <= COMPACT:  # S's columns alone
                 nkey = _top_of_s(ranked, n_s, lg_ptr, stride_l, ts, tmask, kk, K, BLOCK_KK, COMPACT,
-                                 KEY32, ITER, ID_BITS, SENT)
+                                 KEY32, ID_BITS, SENT)
             else:  # the [BT, BE] tile masked to S
                 nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
         else:
