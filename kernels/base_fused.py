@@ -113,30 +113,38 @@ def _unpack(key, ID_BITS: tl.constexpr):
 
 @triton.jit
 def slot_sum(x, SLOT_R: tl.constexpr):
-    """The sum over the slots of x [BT, KK]. SLOT_R 0: tl.sum (its order follows x's layout).
-    SLOT_R = R in {1, 2, 4, 8} with KK = 8: a fixed order, whatever the layout: sequential within
+    """The sum over the slots of x [BT, KK]. SLOT_R 0: tl.sum (its order follows x's layout). Else a
+    fixed order, whatever the layout: with KK = 8 and SLOT_R = R in {1, 2, 4, 8}, sequential within
     each run of R adjacent slots, then a butterfly over the runs from the highest run bit down, i.e.
     what tl.sum does when a thread holds R adjacent slots and the runs sit on lanes (Triton 3.6:
-    in-thread values in order, then shfl.bfly from the widest lane offset). base_route pins its
-    combine sums to the order its router layout gave them (its narrow backfill changes layouts)."""
-    if SLOT_R == 0 or x.shape[1] != 8:
-        return tl.sum(x, axis=1)
-    bt: tl.constexpr = x.shape[0]
-    ev, od = tl.split(tl.reshape(x, [bt, 4, 2]))  # [BT, 4] slots 0, 2, 4, 6 / 1, 3, 5, 7
-    e0, e1 = tl.split(tl.reshape(ev, [bt, 2, 2]))  # slots 0, 4 / 2, 6
-    o0, o1 = tl.split(tl.reshape(od, [bt, 2, 2]))  # slots 1, 5 / 3, 7
-    s0, s4 = tl.split(e0)
-    s2, s6 = tl.split(e1)
-    s1, s5 = tl.split(o0)
-    s3, s7 = tl.split(o1)
-    if SLOT_R == 8:
-        total = ((((((s0 + s1) + s2) + s3) + s4) + s5) + s6) + s7
-    elif SLOT_R == 4:
-        total = (((s0 + s1) + s2) + s3) + (((s4 + s5) + s6) + s7)
-    elif SLOT_R == 2:
-        total = ((s0 + s1) + (s4 + s5)) + ((s2 + s3) + (s6 + s7))
+    in-thread values in order, then shfl.bfly from the widest lane offset); any other KK or
+    SLOT_R -1: slot by slot in order (each slot taken out by an exact one-hot sum). base_route pins
+    its combine sums so (its narrow backfill changes the layouts)."""
+    KK: tl.constexpr = x.shape[1]
+    if SLOT_R == 0:
+        total = tl.sum(x, axis=1)
+    elif KK == 8 and SLOT_R > 0:
+        bt: tl.constexpr = x.shape[0]
+        ev, od = tl.split(tl.reshape(x, [bt, 4, 2]))  # [BT, 4] slots 0, 2, 4, 6 / 1, 3, 5, 7
+        e0, e1 = tl.split(tl.reshape(ev, [bt, 2, 2]))  # slots 0, 4 / 2, 6
+        o0, o1 = tl.split(tl.reshape(od, [bt, 2, 2]))  # slots 1, 5 / 3, 7
+        s0, s4 = tl.split(e0)
+        s2, s6 = tl.split(e1)
+        s1, s5 = tl.split(o0)
+        s3, s7 = tl.split(o1)
+        if SLOT_R == 8:
+            total = ((((((s0 + s1) + s2) + s3) + s4) + s5) + s6) + s7
+        elif SLOT_R == 4:
+            total = (((s0 + s1) + s2) + s3) + (((s4 + s5) + s6) + s7)
+        elif SLOT_R == 2:
+            total = ((s0 + s1) + (s4 + s5)) + ((s2 + s3) + (s6 + s7))
+        else:
+            total = ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
     else:
-        total = ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
+        kk = tl.arange(0, KK)
+        total = tl.sum(tl.where(kk[None, :] == 0, x, 0.0), axis=1)
+        for j in tl.static_range(1, KK):
+            total = total + tl.sum(tl.where(kk[None, :] == j, x, 0.0), axis=1)
     return total
 
 

@@ -366,15 +366,18 @@ def compact_width(compact: int, block_e: int, K: int) -> int:
 
 
 def slot_order(block_t: int, block_e: int, K: int, num_warps: int) -> int:
-    """combine_rows' SLOT_R: the order its slot sums had before the narrow backfill (whose layouts
-    differ), when the router's [BT, BE] tile left R adjacent slots in each thread and the runs of R on
-    lanes: R = min(8, BT * BE / threads) (sm_90, Triton 3.6, checked on the compiled layouts of
-    every ROUTE_VARIANTS tiling); 0 (tl.sum in the layout it gets) for K other than 5-8, or
-    where runs may sit on warps (more than two runs across several warps)."""
-    if triton.next_power_of_2(K) != 8:
+    """combine_rows' SLOT_R: a fixed order of its slot sums, the same on both backfill paths (whose
+    [BT, KK] layouts differ). With KK = 8: R = min(8, BT * BE / threads), the adjacent slots the
+    router's [BT, BE] tile leaves in each thread, which is the order the kernel had before the
+    narrow path wherever the runs of R sit on lanes (every default tiling; checked on the compiled
+    layouts of every ROUTE_VARIANTS tiling, sm_90, Triton 3.6). KK <= 2: 0 (tl.sum, order-free);
+    other KK: -1 (slot by slot)."""
+    kk = triton.next_power_of_2(K)
+    if kk <= 2:
         return 0
-    r = min(8, max(1, block_t * block_e // (32 * num_warps)))
-    return r if 8 // r <= 2 or num_warps == 1 else 0
+    if kk != 8:
+        return -1
+    return min(8, max(1, block_t * block_e // (32 * num_warps)))
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:

@@ -215,6 +215,14 @@ def test_narrow_backfill_variants(tiles, dtype, policy, M, monkeypatch):
     assert (on.ids[-1] == -1).all() and (on.weights[-1] == 0).all()
 
 
+@pytest.mark.parametrize("K", [4, 16])  # combine's slot sums slot by slot (SLOT_R -1)
+def test_narrow_backfill_other_k(K, monkeypatch):
+    T, E = 10, 64
+    on = _route_with_tiles("4,16,0,1,16", monkeypatch, T, E, K, [12] * T, seed=K)
+    off = _route_with_tiles("4,16,0,1,0", monkeypatch, T, E, K, [12] * T, seed=K)
+    assert torch.equal(on.ids, off.ids) and torch.equal(on.weights, off.weights)
+
+
 def test_narrow_backfill_under_a_schedule(monkeypatch):
     # base_sched maps the batch budget through the table: 40 -> 6 (narrow), 12 -> 33 (full tile)
     E = 64
@@ -231,6 +239,15 @@ def test_compact_width():
     assert compact_width(32, 128, 8) == 32 and compact_width(20, 128, 8) == 32
     assert compact_width(4, 128, 8) == 8  # at least the top-k's width
     assert compact_width(32, 32, 8) == 0 and compact_width(0, 128, 8) == 0  # not narrower: off
+
+
+def test_slot_order_of_the_default_tilings():
+    # the runs of adjacent slots per thread that the router's tile left before the narrow path
+    # (sm_90, Triton 3.6 layouts): 4 at Qwen3 T = 1 (one warp, [1, 128]), 2 at OLMoE T = 1, 8 at T = 16
+    from base_sglang.kernels.base_route import route_blocks
+    assert route_blocks(1, 128, 8)["SLOT_R"] == 4 and route_blocks(1, 64, 8)["SLOT_R"] == 2
+    assert route_blocks(16, 128, 8)["SLOT_R"] == 8 and route_blocks(8, 64, 8)["SLOT_R"] == 4
+    assert route_blocks(16, 8, 2)["SLOT_R"] == 0 and route_blocks(16, 64, 4)["SLOT_R"] == -1
 
 
 @triton.jit
@@ -260,6 +277,7 @@ def test_slot_sum_orders():
             2: [f(f(f(r[0] + r[1]) + f(r[4] + r[5])) + f(f(r[2] + r[3]) + f(r[6] + r[7]))) for r in x],
             1: [f(f(f(r[0] + r[4]) + f(r[2] + r[6])) + f(f(r[1] + r[5]) + f(r[3] + r[7]))) for r in x]}
     assert len({tuple(v) for v in want.values()}) == 4  # the orders differ on these rows
+    want[-1] = want[8]  # slot by slot
     xt = torch.from_numpy(x).to(DEVICE)
     for R, w in want.items():
         out = torch.empty(4, dtype=torch.float32, device=DEVICE)
