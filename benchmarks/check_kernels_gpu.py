@@ -32,6 +32,7 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
     --only moe         sections 8, 9 and 10
     --only route       sections 11 and 10
+    --only compact     the narrow backfill against the same tiles with it off, bitwise
 """
 
 from __future__ import annotations
@@ -598,7 +599,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route"],
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
+                                       "compact"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -622,7 +624,9 @@ def main() -> int:
     elif args.only == "moe":
         checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "route":
-        checks = [check_route, check_route_graph, check_route_tiles, check_route_compact, check_sched]
+        checks = [check_route, check_route_graph, check_route_tiles, check_sched]
+    elif args.only == "compact":
+        checks = [check_route_compact]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs
