@@ -28,8 +28,10 @@ SELECT=False is the router's top-k alone (the dense routing), the baseline this 
 The union is OR-reduced as 8-expert bit words (one word per thread across the rows, not 8 counts);
 with one block M comes from the rows' budgets it already loaded. The two backfill paths leave the
 [BT, KK] rows in different layouts, so combine_rows sums over slots in a fixed order (SLOT_R,
-base_fused.slot_sum): the order the router's layout gave those sums before, so the weights stay
-bit-identical to the kernel without the narrow path (sm_90, Triton 3.6).
+base_fused.slot_sum): both paths give the same weights bit for bit, and at the default tilings
+(K 5-8) the order is the one the router's layout gave those sums before the narrow path, so the
+weights are those of the previous kernel too (sm_90, Triton 3.6: compiled layouts and PTX checked).
+The narrow tile's top-K is K max-reductions whatever ITER says (shorter there than tl.topk).
 Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
 tl.topk, or K max-reductions (ITER). D goes through a per-program scratch row before the top-M
 sort (SCRATCH): read back with a fresh arange it has one key per thread, and the sort compiles to

@@ -52,6 +52,7 @@ def check_route(T, E, K, budget, *, policy="base_plus", norm=True, renorm="nativ
 
 @pytest.mark.parametrize("T,E,K,M", [
     (16, 128, 8, 16),  # Qwen3-30B-A3B's router at a decode batch of 16
+    (1, 128, 8, 5),  # one row: one warp, K max-reductions, the narrow backfill
     (40, 64, 8, 24),  # several row programs, each recomputing D over every chunk
     (9, 60, 6, 10),  # E and K not powers of two
     (7, 32, 4, 0),  # M = 0: every routed expert dropped
