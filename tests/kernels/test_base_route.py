@@ -199,13 +199,14 @@ def test_narrow_backfill_is_the_full_tiles_result(budget, ties, monkeypatch):
     assert torch.equal(on.stats.removed_cost, off.stats.removed_cost)
 
 
-@pytest.mark.parametrize("tiles,dtype,policy", [
-    ("4,16,1,1,16", torch.bfloat16, "base_plus"),  # K max-reductions, 16 columns (int32 keys)
-    ("4,16,0,1,8", torch.float32, "base"),  # int64 keys; width 8 = next_pow2(K): the least allowed
-    ("2,4,0,1,16", torch.bfloat16, "base_plus"),  # several programs, D over every chunk
-    ("2,4,0,0,16", torch.float32, "base"),  # no scratch row
+@pytest.mark.parametrize("tiles,dtype,policy,M", [
+    *[("4,16,1,1,16", torch.bfloat16, "base_plus", M) for M in (7, 16, 17)],  # K max-reductions
+    # int64 keys; width 8 = next_pow2(K), the least allowed: M = 7 narrow, 16 and 17 the full tile
+    *[("4,16,0,1,8", torch.float32, "base", M) for M in (7, 16, 17)],
+    ("2,4,0,1,16", torch.bfloat16, "base_plus", 16),  # several programs, D over every chunk
+    ("2,4,0,1,16", torch.bfloat16, "base_plus", 17),
+    ("2,4,0,0,16", torch.float32, "base", 7),  # no scratch row
 ])
-@pytest.mark.parametrize("M", [7, 16, 17])
 def test_narrow_backfill_variants(tiles, dtype, policy, M, monkeypatch):
     T, E, K = 12, 64, 8
     on = _route_with_tiles(tiles, monkeypatch, T, E, K, [M] * 11 + [-1], dtype=dtype, policy=policy,
