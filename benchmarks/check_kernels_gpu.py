@@ -32,6 +32,7 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
     --only moe         sections 8, 9 and 10
     --only route       sections 11 and 10
+    --only compact     the narrow backfill against the same tiles with it off, bitwise
 """
 
 from __future__ import annotations
@@ -535,6 +536,50 @@ def check_route_tiles() -> None:
         record(f"route_tiles/{shape}/T={T}/{tiles}", not bad, failures=bad)
 
 
+def check_route_compact() -> None:
+    """The narrow backfill (|S| <= COMPACT: a [BT, COMPACT] tile of S's columns) against the same
+    tiles with it off (compact 0): ids, weights, counts and removed cost bitwise equal (the combine's
+    slot sums run in a fixed order, base_fused.slot_sum, whatever layout each path leaves)."""
+    from base_sglang.kernels import route_select_experts
+    from base_sglang.kernels.base_route import route_blocks
+
+    for shape, T in [(sh, T) for sh in ("qwen3-30b-a3b", "olmoe-1b-7b") for T in (1, 8, 16, 32, 64)]:
+        s = SHAPES[shape]
+        E, K = s["E"], s["K"]
+        w2, z, pred = route_case(shape, T, seed=T + 200)
+        scores = z @ w2.T
+        logits, yhat = scores[:, :E], scores[:, E:]
+        c = route_blocks(T, E, K)
+        tiles = f"{c['num_warps']},{c['BLOCK_T']},{int(c['ITER'])},{int(c['SCRATCH'])}"
+        width = c["COMPACT"]
+        buds = dict(budgets(T, E, K), at=torch.full((T,), width, device=DEVICE),
+                    below=torch.full((T,), width - 1, device=DEVICE),
+                    above=torch.full((T,), width + 1, device=DEVICE))
+        bad, bit_equal, worst = [], True, 0.0
+        for policy, renorm in (("base_plus", "native"), ("base", "native"), ("base", "never")):
+            cfg = SelectionConfig(policy=policy, renorm=renorm)
+            for bname, bud in buds.items():
+                out = []
+                for comp in (0, width):
+                    os.environ["BASE_ROUTE_TILES"] = f"{tiles},{comp}"
+                    try:
+                        out.append(route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
+                                                        norm_topk_prob=s["norm_topk_prob"]))
+                    finally:
+                        os.environ.pop("BASE_ROUTE_TILES", None)
+                off, on = out
+                same = (torch.equal(off.ids, on.ids) and int(off.stats.num_kept) == int(on.stats.num_kept)
+                        and int(off.stats.num_union) == int(on.stats.num_union)
+                        and torch.equal(off.stats.removed_cost, on.stats.removed_cost))
+                diff = float((off.weights - on.weights).abs().max())
+                bit_equal &= torch.equal(off.weights, on.weights)
+                worst = max(worst, diff)
+                if not same or not torch.equal(off.weights, on.weights):
+                    bad.append(f"{policy}/{renorm}/{bname}")
+        record(f"route_compact/{shape}/T={T}/w={width}", not bad, failures=bad, bit_equal=bit_equal,
+               max_weight_diff=worst)
+
+
 def check_route_graph() -> None:
     from base_sglang.kernels import route_select_experts
 
@@ -560,7 +605,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
-    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route"],
+    ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
+                                       "compact"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -585,6 +631,8 @@ def main() -> int:
         checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "route":
         checks = [check_route, check_route_graph, check_route_tiles, check_sched]
+    elif args.only == "compact":
+        checks = [check_route_compact]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs

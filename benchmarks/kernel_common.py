@@ -23,15 +23,18 @@ SHAPES = {
 if os.environ.get("BASE_TINY"):
     SHAPES = {k: dict(v, H=32, I=16, E=min(v["E"], 12)) for k, v in SHAPES.items()}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, D through the scratch row; the
-# candidates per T (fifth session: the scratch row cut the SASS of the Qwen3 T = 16 launch from
-# 4016 to 3000 instructions at 8 warps and to ~2000 at 16, so more warps are tried)
+# BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, D through the scratch row[, narrow
+# backfill width: 0 off, default 32]; the candidates per T (fifth session: the scratch row cut the
+# SASS of the Qwen3 T = 16 launch from 4016 to 3000 instructions at 8 warps and to ~2000 at 16, so
+# more warps are tried; sixth: the narrow backfill timed against 0 and 16, and the router's top-k
+# by K max-reductions at 8 warps, ~15 % fewer SASS on the path than the bitonic one at T = 16-64)
 ROUTE_VARIANTS = {
-    1: ["4,1,0,1", "4,1,0,0", "2,1,1,1", "1,1,1,1", "8,1,0,1"],
-    8: ["8,8,0,1", "8,8,0,0", "16,8,0,1", "16,8,1,1", "4,8,0,1"],
-    16: ["8,16,0,1", "8,16,0,0", "16,16,0,1", "32,16,0,1", "16,16,1,1"],
-    32: ["8,16,0,1", "16,16,0,1", "16,32,0,1", "32,32,0,1"],
-    64: ["8,16,0,1", "16,16,0,1", "32,32,0,1", "32,64,0,1"],
+    1: ["4,1,0,1", "4,1,0,0", "2,1,1,1", "1,1,1,1", "8,1,0,1", "1,1,1,1,0"],
+    8: ["8,8,0,1", "8,8,0,0", "16,8,0,1", "16,8,1,1", "4,8,0,1", "4,8,0,1,0", "8,8,1,1"],
+    16: ["8,16,0,1", "8,16,0,0", "16,16,0,1", "32,16,0,1", "16,16,1,1", "8,16,0,1,0", "8,16,0,1,16",
+         "8,16,1,1"],
+    32: ["8,16,0,1", "16,16,0,1", "16,32,0,1", "32,32,0,1", "8,16,0,1,0", "8,16,1,1"],
+    64: ["8,16,0,1", "16,16,0,1", "32,32,0,1", "32,64,0,1", "8,16,0,1,0", "8,16,1,1"],
 }
 
 SKEW = 1.0  # router logits = N(0, 1) per (token, expert) + a fixed per-expert N(0, SKEW^2) bias

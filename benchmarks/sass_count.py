@@ -4,8 +4,11 @@
         [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
 Compiles kernels/base_route.py's kernel with Triton for an H100/H200 target (ptxas and cuobjdump
 ship with Triton's wheel) at the constants and integer specialisations a real call gets, and
-prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row):
-static SASS instructions, registers, stack bytes and the most frequent opcodes. At small T the
+prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row,
+narrow backfill width): static SASS instructions; the longest executed path (any; through the
+narrow backfill, |S| <= COMPACT; through the full-tile one), from the control-flow graph of
+nvdisasm's listing with its line info (loops once, divergent-warp fallbacks not taken); registers,
+stack bytes and the most frequent opcodes. At small T the
 launch is one program running a dependent chain, so its time on the GPU follows its instructions
 per warp (Nsight Compute, fifth session: 3887 per warp x 5.19 cycles per issue = 12.3 us). With
 Triton 3.6, the device's version, the Qwen3 T = 16 default compiles to the same 4016 instructions
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import json
 import os
 import re
@@ -31,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernel_common import SHAPES  # noqa: E402
 
 from base_sglang.kernels.base_fused import ID_BITS, SENTINEL  # noqa: E402
-from base_sglang.kernels.base_route import _base_route_kernel, route_blocks  # noqa: E402
+from base_sglang.kernels.base_route import _base_route_kernel, _top_of_s, route_blocks  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr="*i64",
@@ -56,13 +60,82 @@ def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
                               capture_output=True, text=True, check=True).stdout
         usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", f.name],
                                capture_output=True, text=True, check=True).stdout
+        lined = subprocess.run([os.path.join(BIN, "nvdisasm"), "--print-line-info", f.name],
+                               capture_output=True, text=True, check=True).stdout
     ins = [line.split("*/", 1)[1].strip() for line in sass.splitlines()
            if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     ops = collections.Counter((s.split()[1] if s.startswith("@") else s.split()[0]).split(".")[0]
                               for s in ins)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return dict(instructions=len(ins), registers=int(m.group(1)), stack=int(m.group(2)), opcodes=ops,
-                sass=ins)
+                sass=ins, lined=parse_lined(lined))
+
+
+def parse_lined(text: str) -> list:
+    """[(SASS text, (file name, line) or None)] of nvdisasm --print-line-info's .text section."""
+    text = text[text.index("\n.text."):]
+    where, rows, labels, pending = None, [], {}, []
+    for line in text.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+            continue
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            labels.update({p: len(rows) for p in pending})
+            pending = []
+            rows.append([m.group(2), where])
+    for r in rows:  # branch targets as instruction indices
+        t = re.search(r"`\((\.L_x_\d+)\)", r[0])
+        r.append(labels[t.group(1)] if t else None)
+    return [tuple(r) for r in rows]
+
+
+def _opcode(ins: str) -> str:
+    return (ins.split()[1] if ins.startswith("@") else ins.split()[0])
+
+
+def longest_path(lined: list, through: frozenset = frozenset(), avoid: frozenset = frozenset()):
+    """Instructions on the longest path from the entry to an EXIT that runs a block holding one of
+    the source lines `through` (when given) and no block holding one of `avoid`: what one warp
+    executes when the branches go that way (None: no such path). Loops count once (backward
+    branches dropped: at small T they run one trip); BRA.DIV, a divergent warp's fallback, is not
+    taken."""
+    n = len(lined)
+    starts = {0}
+    for i, (ins, _w, tgt) in enumerate(lined):
+        if _opcode(ins).split(".")[0] in ("BRA", "EXIT") and i + 1 < n:
+            starts.add(i + 1)
+        if tgt is not None and _opcode(ins) == "BRA":
+            starts.add(tgt)
+    starts = sorted(starts)
+    block_of = {s: b for b, s in enumerate(starts)}
+    ends = starts[1:] + [n]
+    best = [[None, None] for _ in starts]  # [block][ran `through` yet]: longest path to its start
+    best[0][0] = 0
+    done = [None, None]
+    for b, (s, e) in enumerate(zip(starts, ends)):
+        lines = {w for _i, w, _t in lined[s:e]}
+        if lines & avoid:
+            continue
+        ins, _w, tgt = lined[e - 1]
+        op = _opcode(ins)
+        succ = [block_of[tgt]] if op == "BRA" and tgt is not None and tgt >= e else []
+        if (ins.startswith("@") or op not in ("BRA", "EXIT")) and b + 1 < len(starts):
+            succ.append(b + 1)  # falls through (BRA.DIV included)
+        for v in (0, 1):
+            if best[b][v] is None:
+                continue
+            length, v2 = best[b][v] + e - s, v | bool(lines & through)
+            for c in succ:
+                best[c][v2] = max(best[c][v2] or 0, length)
+            if op == "EXIT":
+                done[v2] = max(done[v2] or 0, length)
+    return done[1] if through else max((d for d in done if d is not None), default=None)
 
 
 def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
@@ -79,7 +152,22 @@ def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
     consts = dict(E=E, K=K, **cfg, SELECT=True, RENORM=s["norm_topk_prob"], BACKFILL=True,
                   COMBINE=2 if s["norm_topk_prob"] else 1, HAS_TABLE=False, KEY32=True, USE_PDL=True,
                   ID_BITS=ID_BITS, SENT=-(1 << 31), SENTINEL=SENTINEL)
-    return compile_sm90(_base_route_kernel, consts, dict(T=T, stride_l=2 * E, stride_y=2 * E), num_warps)
+    r = compile_sm90(_base_route_kernel, consts, dict(T=T, stride_l=2 * E, stride_y=2 * E), num_warps)
+    narrow, full = backfill_lines()
+    r.update(path=longest_path(r["lined"]), path_narrow=longest_path(r["lined"], narrow, full),
+             path_full=longest_path(r["lined"], full, narrow))
+    return r
+
+
+def backfill_lines() -> tuple:
+    """Source lines of the two backfill top-ks: the narrow tile of S's columns (_top_of_s's body)
+    and the full tile masked to S, as nvdisasm's line info names them."""
+    src, first = inspect.getsourcelines(_top_of_s.fn)
+    name = os.path.basename(inspect.getsourcefile(_top_of_s.fn))
+    narrow = frozenset((name, first + i) for i in range(1, len(src)))
+    with open(inspect.getsourcefile(_top_of_s.fn)) as f:
+        full = frozenset((name, i + 1) for i, line in enumerate(f) if "_top(tl.where(in_s" in line)
+    return narrow, full
 
 
 def main() -> int:
@@ -92,15 +180,18 @@ def main() -> int:
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("TRITON_INTERPRET=1: this script compiles for sm_90; unset it")
-    print(f"triton {triton.__version__}, sm_90, {args.shape}")
+    print(f"triton {triton.__version__}, sm_90, {args.shape}; SASS: static instructions, then the "
+          f"longest executed path: any, with |S| <= COMPACT (narrow backfill), with the full tile")
     rows = []
     for T in args.tokens:
         for tiles in args.tiles:
             r = route_sass(args.shape, T, tiles)
             rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items()
-                                                  if k not in ("opcodes", "sass")}))
+                                                  if k not in ("opcodes", "sass", "lined")}))
             top = " ".join(f"{o}:{n}" for o, n in r["opcodes"].most_common(6))
-            print(f"T={T:<3} tiles {tiles or 'default':10} {r['instructions']:6} SASS  "
+            paths = " ".join(f"{r[k] if r[k] is not None else '-':>5}" for k in
+                             ("path", "path_narrow", "path_full"))
+            print(f"T={T:<3} tiles {tiles or 'default':12} {r['instructions']:6} {paths}  "
                   f"{r['registers']:3} regs  stack {r['stack']:3}  {top}")
     if args.json:
         with open(args.json, "w") as f:

@@ -112,24 +112,62 @@ def _unpack(key, ID_BITS: tl.constexpr):
 
 
 @triton.jit
+def slot_sum(x, SLOT_R: tl.constexpr):
+    """The sum over the slots of x [BT, KK]. SLOT_R 0: tl.sum (its order follows x's layout). Else a
+    fixed order, whatever the layout: with KK = 8 and SLOT_R = R in {1, 2, 4, 8}, sequential within
+    each run of R adjacent slots, then a butterfly over the runs from the highest run bit down, i.e.
+    what tl.sum does when a thread holds R adjacent slots and the runs sit on lanes (Triton 3.6:
+    in-thread values in order, then shfl.bfly from the widest lane offset); any other KK or
+    SLOT_R -1: slot by slot in order (each slot taken out by an exact one-hot sum). base_route pins
+    its combine sums so (its narrow backfill changes the layouts)."""
+    KK: tl.constexpr = x.shape[1]
+    if SLOT_R == 0:
+        total = tl.sum(x, axis=1)
+    elif KK == 8 and SLOT_R > 0:
+        bt: tl.constexpr = x.shape[0]
+        ev, od = tl.split(tl.reshape(x, [bt, 4, 2]))  # [BT, 4] slots 0, 2, 4, 6 / 1, 3, 5, 7
+        e0, e1 = tl.split(tl.reshape(ev, [bt, 2, 2]))  # slots 0, 4 / 2, 6
+        o0, o1 = tl.split(tl.reshape(od, [bt, 2, 2]))  # slots 1, 5 / 3, 7
+        s0, s4 = tl.split(e0)
+        s2, s6 = tl.split(e1)
+        s1, s5 = tl.split(o0)
+        s3, s7 = tl.split(o1)
+        if SLOT_R == 8:
+            total = ((((((s0 + s1) + s2) + s3) + s4) + s5) + s6) + s7
+        elif SLOT_R == 4:
+            total = (((s0 + s1) + s2) + s3) + (((s4 + s5) + s6) + s7)
+        elif SLOT_R == 2:
+            total = ((s0 + s1) + (s4 + s5)) + ((s2 + s3) + (s6 + s7))
+        else:
+            total = ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
+    else:
+        kk = tl.arange(0, KK)
+        total = tl.sum(tl.where(kk[None, :] == 0, x, 0.0), axis=1)
+        for j in tl.static_range(1, KK):
+            total = total + tl.sum(tl.where(kk[None, :] == j, x, 0.0), axis=1)
+    return total
+
+
+@triton.jit
 def combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, slots, alpha,
-                 COMBINE: tl.constexpr):
+                 COMBINE: tl.constexpr, SLOT_R: tl.constexpr = 0):
     """Combine weights [BT, KK] of the selected rows (base_select's rule, rows at once).
 
     new / ids_t: selected and routed ids; ok: filled slots of new; p_new: router p of new's experts
     (0 where not ok); is_own / w_own: slots holding a routed expert and its routed weight; w_t, p_k:
     the routed weights and p; slots: the real (row, slot) entries. COMBINE 0 "always" (renormalise
     to the routed total W), 1 "never" (backfilled: p * W / sum p_routed), 2 "partial" (never's times
-    (W / their sum) ** alpha). A row whose ids did not change keeps w_t bit-exactly."""
-    total_w = tl.sum(tl.where(slots, w_t, 0.0), axis=1)  # [BT]
+    (W / their sum) ** alpha). A row whose ids did not change keeps w_t bit-exactly. SLOT_R: the
+    slot sums' order (slot_sum)."""
+    total_w = slot_sum(tl.where(slots, w_t, 0.0), SLOT_R)  # [BT]
     if COMBINE == 0:  # "always"
-        p_sum = tl.sum(tl.where(ok, p_new, 0.0), axis=1)
+        p_sum = slot_sum(tl.where(ok, p_new, 0.0), SLOT_R)
         new_w = p_new / tl.maximum(p_sum, 1e-30)[:, None] * total_w[:, None]
     else:  # "never", then "partial" rescales by (W / sum) ** alpha
-        total_p = tl.sum(tl.where(slots, p_k, 0.0), axis=1)
+        total_p = slot_sum(tl.where(slots, p_k, 0.0), SLOT_R)
         new_w = tl.where(is_own, w_own, p_new * (total_w / tl.maximum(total_p, 1e-30))[:, None])
         if COMBINE == 2:
-            total_new = tl.maximum(tl.sum(tl.where(ok, new_w, 0.0), axis=1), 1e-30)
+            total_new = tl.maximum(slot_sum(tl.where(ok, new_w, 0.0), SLOT_R), 1e-30)
             ratio = tl.maximum(total_w / total_new, 0.0)  # [BT]
             safe = tl.where(ratio > 0.0, ratio, 1.0)
             scale = tl.where(ratio > 0.0, tl.exp(alpha * tl.log(safe)),

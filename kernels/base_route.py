@@ -13,7 +13,11 @@ The predictor of BASE is linear in the MoE input z, like the router, so one GEMM
     kept     S = the M union experts with the largest D (ties -> lower id): one sort of packed keys
     rows     backfill: the top-K experts of S by logit. A token's routed experts precede every
              other expert in its preference order, so this is exactly "its routed experts in S in
-             their order, then the other experts of S by logit" (base_select's rule); drop only:
+             their order, then the other experts of S by logit" (base_select's rule). When
+             |S| <= COMPACT (a runtime branch: budgets change between graph replays) the rows'
+             logits at S's columns, the first |S| sorted keys, are reloaded into a [BT, COMPACT]
+             tile and the top-K runs there (same keys, same result); else on the [BT, BE] tile
+             masked to S. Drop only:
              routed experts outside S become -1 in place;
              weights as base_select (combine "always" / "never" / "partial"), a row whose ids did
              not change keeps its routed weights bit-exactly; padded rows: ids -1, weights 0.
@@ -21,12 +25,21 @@ Every program recomputes D from all T rows (a few exps per element of a [T, E] t
 builds its own BLOCK_T rows: no grid barrier, no atomics, no second launch. When one block holds
 every row and M >= the union, nothing can be dropped: the routing is returned as it is, without D.
 SELECT=False is the router's top-k alone (the dense routing), the baseline this launch replaces.
+The union is OR-reduced as 8-expert bit words (one word per thread across the rows, not 8 counts);
+with one block M comes from the rows' budgets it already loaded. The two backfill paths leave the
+[BT, KK] rows in different layouts, so combine_rows sums over slots in a fixed order (SLOT_R,
+base_fused.slot_sum): both paths give the same weights bit for bit, and at the default tilings
+(K 5-8) the order is the one the router's layout gave those sums before the narrow path, so the
+weights are those of the previous kernel too (sm_90, Triton 3.6: compiled layouts and PTX checked).
+The narrow tile's top-K is K max-reductions whatever ITER says (shorter there than tl.topk).
 Keys: int32 (logit bits, id) for bf16 logits (KEY32), int64 otherwise; the top-k is a bitonic
 tl.topk, or K max-reductions (ITER). D goes through a per-program scratch row before the top-M
 sort (SCRATCH): read back with a fresh arange it has one key per thread, and the sort compiles to
 ~160 SASS instructions instead of ~1500 for the [BE] slice of a [BT, BE] tile (sm_90, Triton 3.6;
 benchmarks/sass_count.py). At small T the launch is one program's dependent chain, so its time
-follows that count (Nsight Compute, BENCHMARKS.md).
+follows that count (Nsight Compute, BENCHMARKS.md). Longest executed path at Qwen3 T = 16
+(sass_count's path columns): 2887 SASS instructions before the sixth session, 2597 with the
+narrow backfill off, 2124 through it (|S| <= 32), 2427 through its full-tile fallback.
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
 Shape legend: T tokens, K slots, E experts, BT rows per block, KK = next_pow2(K).
 """
@@ -47,7 +60,13 @@ from base_sglang.kernels.base_fused import (
     combine_rows,
     store_rows,
 )
-from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget, check_combine, check_table
+from base_sglang.kernels.base_select import (
+    COMBINE_MODES,
+    batch_budget,
+    check_combine,
+    check_table,
+    layer_budget,
+)
 from base_sglang.kernels.utils import (
     FLOAT_DTYPES,
     ID_DTYPES,
@@ -101,6 +120,24 @@ def _top(key, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr, ITER: tl.constexpr, S
 
 
 @triton.jit
+def _top_of_s(ranked, n_s, lg_ptr, stride, ts, tmask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
+              COMPACT: tl.constexpr, KEY32: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
+    """The top-K keys [BT, KK] of rows ts among S's experts, S being the first n_s <= COMPACT
+    entries of ranked [BE] (the sorted (D, id) keys): the rows' logits at S's columns, reloaded
+    (L1/L2) into a [BT, COMPACT] tile. The same keys as the [BT, BE] tile masked to S, so the
+    same top-K, on a tile BE / COMPACT times narrower."""
+    cs = tl.arange(0, COMPACT)  # [CW] positions in S
+    first = tl.gather(ranked, cs, 0)  # [CW] the CW largest keys
+    in_c = cs < n_s
+    col = tl.where(in_c, ((1 << ID_BITS) - 1 - (first & ((1 << ID_BITS) - 1))).to(tl.int32), 0)
+    lg_c, valid_c = _load_rows(lg_ptr, stride, ts, tmask, col, in_c)  # [BT, CW]
+    key_c = tl.where(valid_c, _key(lg_c, col[None, :], KEY32, ID_BITS), SENT)
+    top, _kth = _top(key_c, kk, K, BLOCK_KK, True, SENT)  # K max-reductions: on a tile this
+    # narrow ~80 SASS shorter than the bitonic tl.topk (Qwen3 T = 16: 2207 -> 2124 on the path)
+    return top
+
+
+@triton.jit
 def _route_rows(lg, valid, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
                 KEY32: tl.constexpr, ITER: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
     """The router on loaded rows lg [BT, BE] (invalid entries any finite value): (keys, top keys
@@ -118,6 +155,37 @@ def _route_rows(lg, valid, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexp
 
 
 @triton.jit
+def _rows_budget(bud, table_ptr, E: tl.constexpr, HAS_TABLE: tl.constexpr):
+    """batch_budget's M from the budgets bud [BT] of every row, already loaded (-1 past T): each
+    clamped to [0, E] before the max (the same M, an int32 reduction), then the schedule."""
+    m = tl.max(tl.minimum(tl.maximum(bud, 0), E).to(tl.int32), axis=0)
+    if HAS_TABLE:
+        m = layer_budget(m, table_ptr, E)
+    return m
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _union_bits(rr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """The experts routed by some row of rr [BT, BE] as G-bit words [BE / G]: bit j of word g is
+    expert g * G + j. Packing first makes the cross-row reduction one word per thread instead of
+    G counts (the rows' tile holds G adjacent experts per thread)."""
+    sh = tl.arange(0, G)
+    words = tl.sum(tl.reshape(rr.to(tl.int32), [BLOCK_T, BLOCK_E // G, G]) << sh[None, None, :], axis=2)
+    return tl.reduce(words, 0, _or)  # [BE / G]
+
+
+@triton.jit
+def _union_of(bits, es, BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """[BE] bool: expert es in the union, from _union_bits' words."""
+    return ((tl.reshape(tl.broadcast_to(bits[:, None], [BLOCK_E // G, G]), [BLOCK_E]) >> (es % G)) & 1) > 0
+
+
+@triton.jit
 def _load_rows(ptr, stride, ts, tmask, es, emask):
     valid = tmask[:, None] & emask[None, :]
     x = tl.load(ptr + ts.to(tl.int64)[:, None] * stride + es[None, :], mask=valid, other=0.0)
@@ -127,8 +195,9 @@ def _load_rows(ptr, stride, ts, tmask, es, emask):
 @triton.jit
 def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK_KK: tl.constexpr,
                  RENORM: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr,
-                 ID_BITS: tl.constexpr, SENT: tl.constexpr):
-    """(D [BE], union counts [BE]) of loaded rows."""
+                 ID_BITS: tl.constexpr, SENT: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_E: tl.constexpr, G: tl.constexpr):
+    """(D [BE], _union_bits words [BE / G]) of loaded rows."""
     _key_, _top_, _kth, _mx, _s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK,
                                                              KEY32, ITER, ID_BITS, SENT)
     routed = routed & real[:, None]
@@ -137,18 +206,18 @@ def _chunk_score(lg, yh, valid, real, b_e, es, emask, kk, K: tl.constexpr, BLOCK
         w = p / tp[:, None]
     cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
     cost = tl.where(routed & (cost == cost), cost, 0.0)  # a NaN row scores nothing
-    return tl.sum(cost, axis=0), tl.sum(routed.to(tl.int32), axis=0)
+    return tl.sum(cost, axis=0), _union_bits(routed, BLOCK_T, BLOCK_E, G)
 
 
 @triton.jit
-def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-               counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E: tl.constexpr, K: tl.constexpr,
+def _kept_rows(d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+               lg_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+               BLOCK_E: tl.constexpr, K: tl.constexpr,
                BLOCK_KK: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
                KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-               ID_BITS: tl.constexpr, SENT: tl.constexpr):
-    """From D [BE], the union counts and the union's size: S, the statistics (program 0) and this
+               COMPACT: tl.constexpr, SLOT_R: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr):
+    """From D [BE], the union [BE] and its size: S, the statistics (program 0) and this
     program's rows (ids [BT, KK], weights, mask of filled slots)."""
-    in_union = (cnt > 0) & emask
     if SCRATCH:  # D through this program's scratch row, read back in a one-per-thread layout:
         # Triton's sort of the [BE] slice of a [BT, BE] tile costs ~1500 instructions, of a
         # freshly loaded [BE] vector ~200 (SASS counts, sm_90)
@@ -160,7 +229,8 @@ def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es,
         in_union = d >= 0.0  # (experts past E stored -1 too)
     dkey = tl.where(in_union, _packed(d, es, ID_BITS), -1)  # [BE] int64 keys (D, id)
     ranked = tl.sort(dkey, descending=True)
-    kth_d = tl.sum(tl.where(es == m - 1, ranked, 0), axis=0)  # [] the M-th largest key
+    at_m = tl.zeros([1], dtype=tl.int32) + tl.maximum(m - 1, 0).to(tl.int32)
+    kth_d = tl.gather(ranked, at_m, 0)  # [1] the M-th largest key (a gather, not a [BE] reduction)
     in_s = in_union & (dkey >= kth_d) & (es * 0 + m > 0)  # [BE] the kept set S (a [BE] compare:
     # the interpreter types `bool tensor & scalar` by the tensor's source, here a float load)
     if pid == 0:  # |S| = min(M, |union|): one reduction fewer on the chain
@@ -169,7 +239,15 @@ def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es,
         tl.store(removed_ptr, tl.sum(tl.where(in_union & (in_s == 0), d, 0.0), axis=0))
     # ---- this program's rows -----------------------------------------------------------------
     if BACKFILL:  # the top-K of S by logit: routed experts in S first, then backfill
-        nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
+        n_s = tl.minimum(m, n_union)  # |S|
+        if COMPACT > 0:  # a runtime branch, both sides compiled: budgets change between replays
+            if n_s <= COMPACT:  # S's columns alone
+                nkey = _top_of_s(ranked, n_s, lg_ptr, stride_l, ts, tmask, kk, K, BLOCK_KK, COMPACT,
+                                 KEY32, ID_BITS, SENT)
+            else:  # the [BT, BE] tile masked to S
+                nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
+        else:
+            nkey, _nk = _top(tl.where(in_s[None, :], key, SENT), kk, K, BLOCK_KK, ITER, SENT)
         new, l_new = _unkey(nkey, KEY32, ID_BITS)
         ok = (nkey > SENT) & m2
         new = tl.where(ok, new, -1)
@@ -185,7 +263,7 @@ def _kept_rows(d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es,
         p_new = tl.where(ok, p_k, 0.0)
         is_own = ok
         w_own = w_t
-    new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE)
+    new_w = combine_rows(new, ids_t, ok, p_new, is_own, w_own, w_t, p_k, m2, alpha, COMBINE, SLOT_R)
     return new, new_w, ok
 
 
@@ -198,10 +276,11 @@ def _base_route_kernel(
     BLOCK_T: tl.constexpr, T_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     SELECT: tl.constexpr, RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr,
     HAS_TABLE: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    COMPACT: tl.constexpr, SLOT_R: tl.constexpr, USE_PDL: tl.constexpr,
     ID_BITS: tl.constexpr, SENT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    G: tl.constexpr = 8 if BLOCK_E >= 8 else BLOCK_E  # experts per union word
     es = tl.arange(0, BLOCK_E)  # [BE]
     emask = es < E
     kk = tl.arange(0, BLOCK_KK)  # [KK] slots (also output slots j)
@@ -218,7 +297,8 @@ def _base_route_kernel(
     lg, valid = _load_rows(logits_ptr, stride_l, ts, tmask, es, emask)  # [BT, BE]
     if SELECT:
         yh, _v = _load_rows(yhat_ptr, stride_y, ts, tmask, es, emask)
-    real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
+    bud = tl.load(budget_ptr + ts, mask=tmask, other=-1)  # [BT]
+    real = bud >= 0
     key, top, kth, mx, s, routed, p, tp = _route_rows(lg, valid, es, emask, kk, K, BLOCK_KK, KEY32,
                                                       ITER, ID_BITS, SENT)
     ids_t, l_own = _unkey(top, KEY32, ID_BITS)  # [BT, KK] the router's top-K, best first
@@ -230,12 +310,15 @@ def _base_route_kernel(
     new_w = w_t
     ok = m2
     if SELECT:
-        m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
+        if T_CHUNKS == 1:  # this program's rows are every row: M from their loaded budgets
+            m = _rows_budget(bud, table_ptr, E, HAS_TABLE)
+        else:
+            m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
         # ---- batch score D over every row (each program on its own: no barrier) -----------------
         if T_CHUNKS == 1:  # this program's rows are every row
             rr = routed & real[:, None]
-            cnt = tl.sum(rr.to(tl.int32), axis=0)  # [BE]
-            n_union = tl.sum((cnt > 0).to(tl.int32), axis=0)
+            in_union = _union_of(_union_bits(rr, BLOCK_T, BLOCK_E, G), es, BLOCK_E, G) & emask  # [BE]
+            n_union = tl.sum(in_union.to(tl.int32), axis=0)
             if m < n_union:  # something is dropped
                 w = p
                 if RENORM:
@@ -243,40 +326,69 @@ def _base_route_kernel(
                 cost = w * w * tl.exp(2.0 * (yh + b_e[None, :]))
                 d = tl.sum(tl.where(rr & (cost == cost), cost, 0.0), axis=0)  # [BE]
                 new, new_w, ok = _kept_rows(
-                    d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                    counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
-                    COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
+                    d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                    logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+                    BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
+                    SLOT_R, ID_BITS, SENT)
             elif pid == 0:  # S = the union: the routing as it is
                 tl.store(counts_ptr, n_union.to(tl.int64))
                 tl.store(counts_ptr + 1, n_union.to(tl.int64))
                 tl.store(removed_ptr, 0.0)
         else:
             d = tl.zeros([BLOCK_E], dtype=tl.float32)
-            cnt = tl.zeros([BLOCK_E], dtype=tl.int32)
+            bits = tl.zeros([BLOCK_E // G], dtype=tl.int32)
             for c in tl.static_range(T_CHUNKS):  # independent chunks: their loads can overlap
                 tc = c * BLOCK_T + tl.arange(0, BLOCK_T)
                 tcm = tc < T
                 lg_c, valid_c = _load_rows(logits_ptr, stride_l, tc, tcm, es, emask)
                 yh_c, _vc = _load_rows(yhat_ptr, stride_y, tc, tcm, es, emask)
                 real_c = tl.load(budget_ptr + tc, mask=tcm, other=-1) >= 0
-                d_c, n_c = _chunk_score(lg_c, yh_c, valid_c, real_c, b_e, es, emask, kk, K,
-                                        BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT)
+                d_c, b_c = _chunk_score(lg_c, yh_c, valid_c, real_c, b_e, es, emask, kk, K,
+                                        BLOCK_KK, RENORM, KEY32, ITER, ID_BITS, SENT, BLOCK_T,
+                                        BLOCK_E, G)
                 d += d_c
-                cnt += n_c
-            n_union = tl.sum(((cnt > 0) & emask).to(tl.int32), axis=0)
+                bits = bits | b_c
+            in_union = _union_of(bits, es, BLOCK_E, G) & emask  # [BE]
+            n_union = tl.sum(in_union.to(tl.int32), axis=0)
             new, new_w, ok = _kept_rows(
-                d, cnt, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
-                counts_ptr, removed_ptr, ws_ptr, alpha, BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL,
-                COMBINE, KEY32, ITER, SCRATCH, ID_BITS, SENT)
+                d, in_union, n_union, m, key, kth, ids_t, w_t, p_k, mx, s, tp, m2, es, emask, kk, pid,
+                logits_ptr, stride_l, ts, tmask, counts_ptr, removed_ptr, ws_ptr, alpha,
+                BLOCK_E, K, BLOCK_KK, RENORM, BACKFILL, COMBINE, KEY32, ITER, SCRATCH, COMPACT,
+                SLOT_R, ID_BITS, SENT)
     store_rows(out_ids_ptr, out_w_ptr, ts, kk, K, new, new_w, ok & real[:, None], m2)
+
+
+def compact_width(compact: int, block_e: int, K: int) -> int:
+    """Columns of the compacted backfill tile for |S| <= compact: a power of two, at least
+    next_pow2(K) (the top-k's width); 0 (off) where that is not narrower than the full tile."""
+    if compact <= 0:
+        return 0
+    w = max(triton.next_power_of_2(compact), triton.next_power_of_2(K))
+    return w if w < block_e else 0
+
+
+def slot_order(block_t: int, block_e: int, K: int, num_warps: int) -> int:
+    """combine_rows' SLOT_R: a fixed order of its slot sums, the same on both backfill paths (whose
+    [BT, KK] layouts differ). With KK = 8: R = min(8, BT * BE / threads), the adjacent slots the
+    router's [BT, BE] tile leaves in each thread, which is the order the kernel had before the
+    narrow path wherever the runs of R sit on lanes (every default tiling; checked on the compiled
+    layouts of every ROUTE_VARIANTS tiling, sm_90, Triton 3.6). KK <= 2: 0 (tl.sum, order-free);
+    other KK: -1 (slot by slot)."""
+    kk = triton.next_power_of_2(K)
+    if kk <= 2:
+        return 0
+    if kk != 8:
+        return -1
+    return min(8, max(1, block_t * block_e // (32 * num_warps)))
 
 
 def route_blocks(T: int, E: int, K: int) -> dict:
     """Tile sizes, warps and top-k method of the route-select launch for (T, E, K).
-    BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch]" overrides them (benchmark sweeps only)."""
+    BASE_ROUTE_TILES="num_warps,block_t,iter[,scratch[,compact]]" overrides them (benchmark sweeps
+    only; compact: the narrow backfill's |S| bound, 0 off)."""
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
-    num_warps, it, scratch = (4 if block_t * block_e <= 1024 else 8), False, True
+    num_warps, it, scratch, compact = (4 if block_t * block_e <= 1024 else 8), False, True, 32
     if T == 1:  # one warp, K max-reductions: 0.2-0.5 us faster at E = 64 and 128 (H200 sweep)
         num_warps, it = 1, True
     if "BASE_ROUTE_TILES" in os.environ:
@@ -285,15 +397,17 @@ def route_blocks(T: int, E: int, K: int) -> dict:
             v = [int(x) for x in raw.split(",")]
         except ValueError:
             v = []
-        if len(v) not in (3, 4) or v[0] not in (1, 2, 4, 8, 16, 32) or v[1] < 1:
+        if len(v) not in (3, 4, 5) or v[0] not in (1, 2, 4, 8, 16, 32) or v[1] < 1 or min(v[2:]) < 0:
             raise ValueError(f"BASE_ROUTE_TILES: expected num_warps (1-32, a power of two),rows per "
-                             f"block,iter[,scratch] as integers, got {raw!r}")
+                             f"block,iter[,scratch[,compact]] as integers >= 0, got {raw!r}")
         num_warps, block_t, it = v[0], max(1, min(v[1], triton.next_power_of_2(max(T, 1)))), bool(v[2])
         scratch = bool(v[3]) if len(v) > 3 else scratch
+        compact = v[4] if len(v) > 4 else compact
     return dict(BLOCK_E=block_e, BLOCK_KK=triton.next_power_of_2(K), BLOCK_T=block_t,
                 T_CHUNKS=triton.next_power_of_2(triton.cdiv(max(T, 1), block_t)),
                 BLOCK_B=min(1024, triton.next_power_of_2(max(T, 1))), ITER=it, SCRATCH=scratch,
-                num_warps=num_warps)
+                COMPACT=compact_width(compact, block_e, K),
+                SLOT_R=slot_order(block_t, block_e, K, num_warps), num_warps=num_warps)
 
 
 def base_route_select(

@@ -4,6 +4,9 @@
 #            128, every budget kind, base / base_plus, backfill on/off, repeat calls bitwise equal, a
 #            CUDA graph of GEMM + route-select with changed budgets == eager; base_sched with two
 #            batch-size ranges in both unfolded selection kernels     -> OUT/checks.json, check.log
+#   compact  check_kernels_gpu.py --only compact: the narrow backfill (|S| <= COMPACT) against the
+#            same tiles with it off, bitwise (ids, weights, counts), Qwen3 and OLMoE at T 1-64,
+#            budgets at, below and above the width        -> OUT/checks.json, compact.log (~2-3 min)
 #   pytest   tests/kernels on CUDA (PYTEST_PATHS: other test paths)   -> OUT/pytest.log
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
@@ -31,6 +34,10 @@ for part in $PARTS; do
             timeout -k 10 ${CHECK_S:-240} python3 benchmarks/check_kernels_gpu.py --only route --out "$OUT" \
                 > "$OUT/check.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check.log" | cut -c1-200 | tail -12 ;;
+        compact) echo "=== narrow backfill == full tile, bitwise"
+            timeout -k 10 ${COMPACT_S:-300} python3 benchmarks/check_kernels_gpu.py --only compact --out "$OUT" \
+                > "$OUT/compact.log" 2>&1 || status=1
+            grep -E "FAIL|checks passed" "$OUT/compact.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
             (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-280} python3 -m pytest -q -rfE -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-"$ROOT/tests/kernels"} \
