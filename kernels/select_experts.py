@@ -102,14 +102,15 @@ def base_select_experts(
 
 def route_wins(T: int, E: int) -> bool:
     """Whether the folded route-select launch beats the router's top-k + the unfolded selection for
-    T rows over E experts, as measured on the H200 (BENCHMARKS.md, "Folded router"): at T <= 8, and
-    at T <= 32 for E <= 64. BASE_ROUTE=fold|unfold overrides it (benchmarks)."""
+    T rows over E experts, as measured on the H200 (BENCHMARKS.md, "Folded router" and its seventh-
+    session update): at T <= 16, and at T <= 32 for E <= 64. BASE_ROUTE=fold|unfold overrides it
+    (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
         if forced not in ("fold", "unfold"):
             raise ValueError(f"BASE_ROUTE: must be 'fold' or 'unfold', got {forced!r}")
         return forced == "fold"
-    return T <= 8 or (E <= 64 and T <= 32)
+    return T <= 16 or (E <= 64 and T <= 32)
 
 
 def route_foldable(config: SelectionConfig, layer_id: int, predictor: Predictor | None) -> bool:
