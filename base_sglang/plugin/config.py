@@ -7,8 +7,9 @@
     BASE_KERNELS         "auto" (Triton kernels on CUDA when importable) or "off" (torch core)
     BASE_FOLD            "auto" (stack the predictor under each foldable router GEMM: plugin/fold.py)
                          or "off" (SGLang's own router and top-k, then the selection)
-    BASE_MOE             "sglang" (default: SGLang's Triton MoE) or "auto" (in BASE decode steps a
-                         plain fused_experts call of at most 16 rows runs our fused_moe: plugin/moe.py)
+    BASE_MOE             "auto" (default: in BASE decode steps a plain fused_experts call of at most
+                         16 rows on a GPU with tuned tiles for its shape runs our fused_moe:
+                         plugin/moe.py) or "sglang" (SGLang's Triton MoE always)
     BASE_STATS_INTERVAL  log mean experts executed per MoE layer every N decode steps (0: never)
 The names match base-serve's settings, so `base-serve --backend sglang` hands them down unchanged.
 """
@@ -30,7 +31,7 @@ class PluginConfig:
     default_budget: int | str = DENSE_LABEL  # resolved against E when the predictor loads
     kernels: bool = True
     fold: bool = True
-    moe: str = "sglang"  # "sglang" | "auto"
+    moe: str = "auto"  # "auto" | "sglang"
     stats_interval: int = 200
 
     def __post_init__(self):
@@ -61,5 +62,5 @@ class PluginConfig:
                    default_budget=parse_budget(env.get("BASE_DEFAULT_BUDGET", "dense"),
                                                "BASE_DEFAULT_BUDGET"),
                    kernels=kernels not in ("off", "0"), fold=fold not in ("off", "0"),
-                   moe=env.get("BASE_MOE", "sglang").strip().lower() or "sglang",
+                   moe=env.get("BASE_MOE", "auto").strip().lower() or "auto",
                    stats_interval=int(interval))

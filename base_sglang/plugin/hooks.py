@@ -193,8 +193,8 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
 def around_fused_experts(original, *args, **kwargs):
     """fused_experts_impl AROUND: in BASE decode steps the MoE must skip -1 slots.
 
-    With BASE_MOE=auto a plain call of at most 16 rows runs our fused_moe (plugin/moe.py), which
-    skips them by design.
+    With BASE_MOE=auto (the default) a plain call of at most 16 rows, on a GPU with tuned tiles for
+    its shape, runs our fused_moe (plugin/moe.py), which skips them by design.
     Otherwise SGLang's Triton MoE runs with filter_expert forced on: SGLang 0.5.17 skips a -1 block
     only with filter_expert=True, which it passes only under expert parallelism (num_experts !=
     num_local_experts); without it the GEMM reads the weights of expert -1 (an illegal address,

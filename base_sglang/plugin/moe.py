@@ -1,17 +1,18 @@
 """SGLang's fused_experts_impl in BASE decode steps: our expert-skipping MoE where the call is plain.
 
 In a BASE decode step the routed ids carry -1 for dropped slots. SGLang's Triton MoE then needs
-filter_expert=True (0.5.17 skips -1 blocks only with it). With BASE_MOE=auto, a plain call of at
-most OURS_MAX_TOKENS rows runs base_sglang.kernels.fused_moe instead, with its tiles tuned for
-BASE-selected ids (pair-major at T <= 2, the one-launch layer at T = 4..32): in the kernel
-benchmark (BENCHMARKS.md, sixth session) it is faster than SGLang's Triton MoE there at M = 16
-(Qwen3 T = 16: 45.9 against 51.3 µs). Above 16 rows SGLang's kernel is as fast or faster for
-BASE-selected ids, so it keeps them. BASE_MOE=sglang (the default until the end-to-end decode
-benchmark has measured auto) always runs SGLang's kernel. Plain = bf16/fp16 activations on CUDA, gate/up weights
-[E, 2I, H] (gate rows first, as SGLang's silu_and_mul reads them) and down [E, H, I], both
-contiguous in the activations' dtype; activation silu, gated; and every other argument of
-fused_experts_impl at its default (no bias, quantisation, scales, router weight on input,
-no_combine, routed scaling other than 1, clamps, ...). An argument this module does not know
+filter_expert=True (0.5.17 skips -1 blocks only with it). With BASE_MOE=auto (the default), a plain
+call of at most OURS_MAX_TOKENS rows on a GPU with a tuned budget row for its shape
+(kernels/configs/<GPU>.json, at that row count) runs base_sglang.kernels.fused_moe instead, with
+those tiles (pair-major at T <= 2, the one-launch layer at T = 4..32). Measured end to end in
+SGLang 0.5.17 decode on the H200 (BENCHMARKS.md, seventh session; Qwen3-30B-A3B shape, B = 1 / 8 /
+16, budgets dense / 16 / 4): 3-12 % less time per step than SGLang's Triton MoE in every cell. Above
+16 rows SGLang's kernel is as fast or faster for BASE-selected ids, and on a GPU or shape nobody
+tuned ours is unmeasured, so those calls keep SGLang's kernel. Plain = bf16/fp16 activations on
+CUDA, gate/up weights [E, 2I, H] (gate rows first, as SGLang's silu_and_mul reads them) and down
+[E, H, I], both contiguous in the activations' dtype; activation silu, gated; and every other
+argument of fused_experts_impl at its default (no bias, quantisation, scales, router weight on
+input, no_combine, routed scaling other than 1, clamps, ...). An argument this module does not know
 (a newer SGLang) that is not at its default also sends the call to SGLang's kernel: nothing is
 assumed about arguments we have not read. BASE_MOE=sglang always runs SGLang's kernel.
 """
@@ -70,6 +71,21 @@ def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
     if (ids.dim() != 2 or ids.shape[0] != x.shape[0] or ids.dtype not in (torch.int32, torch.int64)
             or tuple(w.shape) != tuple(ids.shape) or not w.is_floating_point()):
         return f"topk {tuple(ids.shape)} {ids.dtype} / {tuple(w.shape)} {w.dtype}"
+    if x.is_cuda:
+        from base_sglang.kernels.fused_moe import device_name
+
+        return untuned(device_name(x.device), E, H, w2.shape[2], ids.shape[1], x.shape[0])
+    return None  # the Triton interpreter (tests): no GPU to be tuned for
+
+
+def untuned(gpu: str | None, E: int, H: int, I: int, K: int, T: int) -> str | None:
+    """None when kernels/configs has a budget row of this GPU and shape for T rows (what run_ours
+    launches, measured faster there); else why not."""
+    from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
+
+    key = shape_key(E, H, I, K)
+    if gpu is None or tuned_row(load_table(str(gpu_file(gpu))), key, T, budgeted=True) is None:
+        return f"no tuned fused_moe row for {gpu} {key} at T={T}"
     return None
 
 

@@ -338,6 +338,8 @@ def run(args) -> int:
         "skew": bench.skew_info, "select_fn": _select_name(bench),
         "policy": _policy_name(bench) if args.plugin == "on" else None,
         "plugin_loaded": True, "base_predictor_set": args.plugin == "on",
+        "plugin_env": {k: v for k, v in sorted(os.environ.items())
+                       if k.startswith("BASE_") and k != "BASE_PREDICTOR"},  # BASE_MOE, BASE_FOLD, ...
         "budget_dense_note": "plugin on: 'dense' and budgets >= E run the BASE hook and keep the "
                              "whole union; 'off' rows: BASE_PREDICTOR unset (hooks pass through)",
         "run_info": info}

@@ -14,6 +14,13 @@
 #      (sglang_cuda_align_us), and the dense table against it              -> OUT/fused_moe.{csv,json}
 #   profile (only when named): gpu/profile_moe.py, per-kernel GPU time of selection + fused_moe
 #      in a CUDA graph, and the time between kernels                      -> OUT/profile_moe.json
+#   hook (only when named; carry .device_carry/sglang-0.5.17-cp312.tar.xz): gpu/check_moe_hook.py,
+#      the plugin's fused_experts hook (BASE_MOE=auto) against SGLang's own fused_experts_impl
+#      for BASE-selected ids, Qwen3 / OLMoE, T = 1..17, graphs        -> OUT/moe_hook.json, hook.log
+#   densetune (only when named; carry .whl/sglang-0.5.23-moe.tar.gz): the one-launch tile search on
+#      dense routing at DENSE_T (default 32), Qwen3, merged --keep-faster into
+#      kernels/configs/NVIDIA_H200.json, then bench_fused_moe.py --no-tune at DENSE_BENCH_T
+#      (default 16,32,64)           -> OUT/dense/sweep_moe.json, NVIDIA_H200.json, fused_moe.{csv,json}
 #   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
 #      rows of kernels/configs), three shapes, T in 1..128, SGLang timed   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
@@ -70,6 +77,26 @@ for part in $PARTS; do
                 --sglang-root /tmp/sglang_whl --tokens "${EXTEND_T:-4,128}" \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-120 ;;
+        hook) echo "=== the plugin's MoE hook against SGLang's fused_experts_impl"
+            source benchmarks/gpu/lib.sh
+            sgl_setup > "$OUT/hook.log" 2>&1 || status=1
+            timeout -k 10 ${HOOK_S:-150} bash benchmarks/gpu/sgl_exec.sh python3 \
+                benchmarks/gpu/check_moe_hook.py --out "$OUT" >> "$OUT/hook.log" 2>&1 || status=1
+            grep -E "^\||hook checks|Error" "$OUT/hook.log" | cut -c1-160 | tail -16 ;;
+        densetune) echo "=== one-launch tiles on dense routing at T = ${DENSE_T:-32}, merged, re-benched"
+            timeout -k 10 $(( ${DENSE_S:-150} + 30 )) python3 benchmarks/gpu/sweep_moe.py --out "$OUT/dense" \
+                --budget-s ${DENSE_S:-150} --structure one --routings dense --shapes qwen3-30b-a3b \
+                --tokens ${DENSE_T:-32} --tile-tokens ${DENSE_T:-32} > "$OUT/sweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -4
+            python3 benchmarks/gpu/tuned_configs.py --keep-faster \
+                benchmarks/results/kernels_h200_moe/call{2,4}/sweep_moe.json \
+                benchmarks/results/kernels_h200_one/call{2,3/budget,3/dense}/sweep_moe.json \
+                "$OUT/dense/sweep_moe.json" && cp kernels/configs/NVIDIA_H200.json "$OUT/" || status=1
+            unpack_sglang_wheel
+            timeout -k 10 ${FULL_S:-120} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
+                --sglang-root /tmp/sglang_whl --shapes qwen3-30b-a3b --tokens ${DENSE_BENCH_T:-16,32,64} \
+                > "$OUT/bench_fused_moe.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/bench_fused_moe.log" | tail -24 | cut -c1-120 ;;
         cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"
             tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
             [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \

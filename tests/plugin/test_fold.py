@@ -87,8 +87,9 @@ def test_fold_setting():
     assert PluginConfig.from_env({"BASE_FOLD": "off"}).fold is False
     with pytest.raises(ValueError, match="BASE_FOLD"):
         PluginConfig.from_env({"BASE_FOLD": "sometimes"})
-    assert PluginConfig.from_env({}).moe == "sglang"
+    assert PluginConfig.from_env({}).moe == "auto"
     assert PluginConfig.from_env({"BASE_MOE": "Auto"}).moe == "auto"
+    assert PluginConfig.from_env({"BASE_MOE": " SGLang "}).moe == "sglang"
     with pytest.raises(ValueError, match="BASE_MOE"):
         PluginConfig.from_env({"BASE_MOE": "ours"})
 

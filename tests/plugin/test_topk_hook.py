@@ -281,11 +281,27 @@ def test_which_fused_experts_calls_run_ours(extra, reason, monkeypatch):
     assert "rows" in moe.why_not_ours(args, sig)  # larger batches: SGLang's kernel
 
 
+def test_ours_only_where_tuned_tiles_exist():
+    """BASE_MOE=auto runs our fused_moe only where kernels/configs has a budget row of the GPU and
+    shape at that row count (the shipped NVIDIA_H200.json: three shapes, T = 1..128); any other
+    GPU, shape or row count keeps SGLang's kernel, with the reason."""
+    from base_sglang.plugin import moe
+
+    qwen3 = (128, 2048, 768, 8)
+    for T in (1, 3, 16):
+        assert moe.untuned("NVIDIA H200", *qwen3, T) is None
+    assert moe.untuned("NVIDIA H200", 64, 2048, 1024, 8, 8) is None  # OLMoE
+    assert "NVIDIA H100" in moe.untuned("NVIDIA H100 80GB HBM3", *qwen3, 16)
+    assert "E=96" in moe.untuned("NVIDIA H200", 96, 2048, 768, 8, 16)
+    assert "T=129" in moe.untuned("NVIDIA H200", *qwen3, 129)  # above the largest tuned T
+    assert moe.untuned(None, *qwen3, 16) is not None
+
+
 def test_plain_base_step_runs_our_fused_moe_through_the_hook(base_state):
     """The whole AROUND hook in a BASE step with BASE_MOE=auto and our kernel on the Triton CPU
     interpreter (a fresh process: TRITON_INTERPRET must be set before the kernels are imported):
-    == the core MoE, dropped slot skipped, inplace writes hidden_states; BASE_MOE=sglang (the
-    default) leaves it to SGLang's kernel."""
+    == the core MoE, dropped slot skipped, inplace writes hidden_states (BASE_MOE=auto is the
+    default); BASE_MOE=sglang leaves it to SGLang's kernel."""
     import os
     import subprocess
     import sys
@@ -308,8 +324,7 @@ def test_plain_base_step_runs_our_fused_moe_through_the_hook(base_state):
         def original(*a, **k):
             raise SystemExit("SGLang's kernel was called")
         state.STATE.active = True
-        assert state.STATE.config.moe == "sglang"  # the default
-        state.STATE.config = dataclasses.replace(state.STATE.config, moe="auto")
+        assert state.STATE.config.moe == "auto"  # the default
         y = hooks.around_fused_experts(original, x, w1, w2, w, ids)
         rel = ((y.float() - ref).norm() / ref.norm()).item()
         assert y.shape == (T, H) and rel < 1e-2, rel
