@@ -76,8 +76,11 @@ def check_cell(shape, T, M, dev, original, hooks, moe, counter, graph: bool) -> 
                rel_ref=rel(y, ref), bitwise_rerun=bool(torch.equal(y, y2)),
                inplace=bool(out.data_ptr() == x_in.data_ptr() and torch.equal(x_in, y)))
     if dev.type == "cuda":
-        ys = original(x, w1, w2, w, ids, filter_expert=True)
-        row.update(rel_sglang_ref=rel(ys, ref), rel_ours_sglang=rel(y, ys))
+        try:  # its own failure, so it cannot hide the hook's result
+            ys = original(x, w1, w2, w, ids, filter_expert=True)
+            row.update(rel_sglang_ref=rel(ys, ref), rel_ours_sglang=rel(y, ys))
+        except Exception as e:  # noqa: BLE001
+            row.update(rel_sglang_ref=float("inf"), sglang_error=f"{type(e).__name__}: {e}"[:300])
     if graph and dev.type == "cuda":
         ids_b, w_b = ids.clone(), w.clone()
         s = torch.cuda.Stream()
@@ -104,6 +107,23 @@ def check_cell(shape, T, M, dev, original, hooks, moe, counter, graph: bool) -> 
     return row
 
 
+def publish(device: str) -> None:
+    """SGLang's process config, as a server publishes it (fused_experts_impl reads its exec bag);
+    what tests/plugin/conftest.py does for the CPU tests."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path="dummy", device=device)
+    runtime_context.reset_context()
+    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
+        ranks = runtime_context.SpawnRanks(world_rank=0, dp_rank=None)
+        runtime_context.publish(server_args, role="test", ranks=ranks)
+    else:  # 0.5.17
+        runtime_context.publish(server_args, role="test")
+    if hasattr(runtime_context, "get_exec"):
+        runtime_context.get_exec()  # raises "not published" if the above did not take
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -120,6 +140,7 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",")] if dev.type == "cuda" else [1, 3]
     if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("check_moe_hook: no GPU; on CPU run it with TRITON_INTERPRET=1 (a smoke run)")
+    publish(dev.type)
     original = inspect.unwrap(sgl.fused_experts_impl)
     counter = {"ours": 0}
     run_ours = moe.run_ours

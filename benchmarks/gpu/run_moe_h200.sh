@@ -81,7 +81,7 @@ for part in $PARTS; do
             source benchmarks/gpu/lib.sh
             sgl_setup > "$OUT/hook.log" 2>&1 || status=1
             timeout -k 10 ${HOOK_S:-150} bash benchmarks/gpu/sgl_exec.sh python3 \
-                benchmarks/gpu/check_moe_hook.py --out "$OUT" >> "$OUT/hook.log" 2>&1 || status=1
+                benchmarks/gpu/check_moe_hook.py --out "$OUT" ${HOOK_ARGS:-} >> "$OUT/hook.log" 2>&1 || status=1
             grep -E "^\||hook checks|Error" "$OUT/hook.log" | cut -c1-160 | tail -16 ;;
         densetune) echo "=== one-launch tiles on dense routing at T = ${DENSE_T:-32}, merged, re-benched"
             timeout -k 10 $(( ${DENSE_S:-150} + 30 )) python3 benchmarks/gpu/sweep_moe.py --out "$OUT/dense" \
