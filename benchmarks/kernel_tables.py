@@ -1,6 +1,6 @@
 """Markdown tables of BENCHMARKS.md's kernel section from a results folder.
 
-    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold|moe_e2e DIR, or sweep FILE...
+    python benchmarks/kernel_tables.py select|align|moe|dense|route|fold|moe_e2e|hook DIR, or sweep FILE...
 select: bench_base_select.py's base_select.json (selection latency per launch variant, share of the
         dense MoE layer); align: bench_fused_moe.py's fused_moe.json rows with SGLang's align timed;
 moe:    fused_moe.json as one grid per shape (T x budget: ours µs (x byte floor) / SGLang µs [read]);
@@ -8,6 +8,7 @@ dense:  fused_moe.json's dense rows against SGLang (its align inside where it wa
 route:  base_select.json's folded-router columns (what BASE adds to the router's GEMM + top-k);
 fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side;
 moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang);
+hook:   DIR/moe_hook.json of gpu/check_moe_hook.py (the plugin's MoE hook on the GPU);
 sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search.
 """
 
@@ -127,6 +128,25 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
     return "\n".join(out)
 
 
+def hook_table(folder: str) -> str:
+    """One row per (shape, T) of check_moe_hook.py: which kernel ran, errors, bitwise checks."""
+    with open(os.path.join(folder, "moe_hook.json")) as f:
+        rows = json.load(f)["rows"]
+    out = ["| shape | T | dropped slots | kernel that ran (expected) | rel. err. vs fp32 | "
+           "SGLang's rel. err. | rerun bitwise | inplace | graph replays == eager |",
+           "|---|---:|---:|---|---:|---|---|---|---|"]
+    for r in rows:
+        if "rel_ref" not in r:
+            out.append(f"| {r['shape']} | {r['T']} | - | not run: {r.get('error', '?')} | - | - | - | - | - |")
+            continue
+        sgl = (f"{r['rel_sglang_ref']:.1e}" if "sglang_error" not in r
+               else f"not run: {r['sglang_error'][:60]}")
+        out.append(f"| {r['shape']} | {r['T']} | {r['dropped']} | {r['ran']} ({r['expected']}) | "
+                   f"{r['rel_ref']:.1e} | {sgl} | {r['bitwise_rerun']} | {r['inplace']} | "
+                   f"{r.get('graph_replays_equal', '-')} |")
+    return "\n".join(out)
+
+
 def sweep_table(paths: list[str]) -> str:
     """gpu/sweep_moe.py cells: each launch structure's µs, the tile search's best, x byte floor."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
@@ -153,7 +173,7 @@ def sweep_table(paths: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
-                                     "sweep"))
+                                     "hook", "sweep"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files)", nargs="+")
     args = ap.parse_args()
@@ -164,6 +184,9 @@ def main() -> int:
     args.folder = args.folder[0]
     if kind == "fold":
         print(fold_table(args.folder))
+        return 0
+    if kind == "hook":
+        print(hook_table(args.folder))
         return 0
     if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
         print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))

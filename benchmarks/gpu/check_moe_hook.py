@@ -122,6 +122,23 @@ def publish(device: str) -> None:
         runtime_context.publish(server_args, role="test")
     if hasattr(runtime_context, "get_exec"):
         runtime_context.get_exec()  # raises "not published" if the above did not take
+    # one rank of tensor parallelism (its all-reduce checks read the TP group: call 4 failed
+    # "tensor model parallel group is not initialized" without it)
+    import socket
+
+    from sglang.srt.distributed import parallel_state as ps
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                    distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                    backend="nccl" if device == "cuda" else "gloo")
+    if "tensor_model_parallel_size" in inspect.signature(ps.initialize_model_parallel).parameters:
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)  # 0.5.17
+    else:
+        ps.initialize_model_parallel()  # 0.5.23: the widths come from the published config
+    ps.get_tensor_model_parallel_world_size()  # raises if the group is not there
 
 
 def main() -> int:

@@ -58,3 +58,19 @@ def test_moe_and_dense_tables(tmp_path):
     dense = _run("dense", str(tmp_path)).stdout.splitlines()
     assert dense[2] == "| qwen3-30b-a3b | 1 | 8 | 26.0 | 31.0 | inside | 0.84 |"
     assert dense[3] == "| qwen3-30b-a3b | 32 | 8 | 150.0 | 147.0 | outside (CUDA JIT) | 1.02 |"
+
+
+def test_hook_table(tmp_path):
+    rows = [dict(shape="qwen3-30b-a3b", T=16, dropped=7, ran="ours", expected="ours", rel_ref=2.3e-3,
+                 rel_sglang_ref=2.5e-3, bitwise_rerun=True, inplace=True, graph_replays_equal=True),
+            dict(shape="olmoe-1b-7b", T=4, dropped=2, ran="ours", expected="ours", rel_ref=2.4e-3,
+                 rel_sglang_ref=float("inf"), sglang_error="AssertionError: no TP group",
+                 bitwise_rerun=True, inplace=False, graph_replays_equal=False),
+            dict(shape="olmoe-1b-7b", T=17, ok=False, error="RuntimeError: boom")]
+    (tmp_path / "moe_hook.json").write_text(json.dumps({"info": {}, "rows": rows}))
+    out = _run("hook", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith(("| qwen3", "| olmoe"))]
+    assert lines[0] == "| qwen3-30b-a3b | 16 | 7 | ours (ours) | 2.3e-03 | 2.5e-03 | True | True | True |"
+    assert "not run: AssertionError: no TP group | True | False | False |" in lines[1]
+    assert lines[2].startswith("| olmoe-1b-7b | 17 | - | not run: RuntimeError: boom |")
