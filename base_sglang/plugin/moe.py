@@ -78,12 +78,12 @@ def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
     return None  # the Triton interpreter (tests): no GPU to be tuned for
 
 
-def untuned(gpu: str | None, E: int, H: int, I: int, K: int, T: int) -> str | None:
+def untuned(gpu: str | None, E: int, H: int, inter: int, K: int, T: int) -> str | None:
     """None when kernels/configs has a budget row of this GPU and shape for T rows (what run_ours
     launches, measured faster there); else why not."""
     from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 
-    key = shape_key(E, H, I, K)
+    key = shape_key(E, H, inter, K)
     if gpu is None or tuned_row(load_table(str(gpu_file(gpu))), key, T, budgeted=True) is None:
         return f"no tuned fused_moe row for {gpu} {key} at T={T}"
     return None

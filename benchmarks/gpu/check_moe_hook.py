@@ -56,12 +56,12 @@ def rel(a, b) -> float:
 
 
 def check_cell(shape, T, M, dev, original, hooks, moe, counter, graph: bool) -> dict:
-    E, H, I, K = SHAPES[shape]
+    E, H, inter, K = SHAPES[shape]
     g = torch.Generator().manual_seed(1000 * T + E)
     dt = torch.bfloat16
     x = torch.randn(T, H, generator=g).to(dev, dt)
-    w1 = (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).to(dev, dt)
-    w2 = (torch.randn(E, H, I, generator=g) * I ** -0.5).to(dev, dt)
+    w1 = (torch.randn(E, 2 * inter, H, generator=g) * H ** -0.5).to(dev, dt)
+    w2 = (torch.randn(E, H, inter, generator=g) * inter ** -0.5).to(dev, dt)
     ids, w = (t.to(dev) for t in base_ids(T, E, K, M, g))
     ref = reference(x, w1, w2, w, ids)
     counter["ours"] = 0
