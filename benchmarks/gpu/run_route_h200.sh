@@ -6,7 +6,8 @@
 #            batch-size ranges in both unfolded selection kernels     -> OUT/checks.json, check.log
 #   compact  check_kernels_gpu.py --only compact: the narrow backfill (|S| <= COMPACT) against the
 #            same tiles with it off, bitwise (ids, weights, counts), Qwen3 and OLMoE at T 1-64,
-#            budgets at, below and above the width        -> OUT/checks.json, compact.log (~2-3 min)
+#            budgets at, below and above the width        -> OUT/checks.json, compact.log (more than
+#            150 s on a fresh machine: 4 Qwen3 cells in 150 s, seventh session; give it a call)
 #   pytest   tests/kernels on CUDA (PYTEST_PATHS: other test paths)   -> OUT/pytest.log
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
@@ -20,7 +21,8 @@
 #                                  -> OUT/ncu_details.txt, ncu_source_*.csv, ncu_sass_summary.json
 # Usage (repository root, proxy weights home, nothing to carry):
 #   OUT=/path [BASE_COMMIT=sha] [PARTS="check pytest select profile"] bash benchmarks/gpu/run_route_h200.sh
-# One call fits about two parts: check (<= 240 s) and pytest (<= 280 s, the whole tests/kernels
+# One call fits about two parts: check (over 230 s since the narrow backfill: 47 checks in 230 s,
+# sched not reached, seventh session) and pytest (<= 280 s, the whole tests/kernels
 # compiles on the GPU) each fill most of one; select (~170 s) and profile (~120 s) fit together.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
