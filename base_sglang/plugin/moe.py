@@ -57,7 +57,7 @@ def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
     x, w1, w2 = args["hidden_states"], args["w1"], args["w2"]
     ids, w = args["topk_ids"], args["topk_weights"]
     if x.dim() == 2 and x.shape[0] > OURS_MAX_TOKENS:
-        return f"{x.shape[0]} rows > {OURS_MAX_TOKENS}"
+        return f"more than {OURS_MAX_TOKENS} rows"  # one log line for every larger batch
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.stride(1) != 1:
         return f"hidden_states {x.dtype} {tuple(x.shape)}"
     if not (x.is_cuda or _interpreter()):
@@ -84,7 +84,10 @@ def untuned(gpu: str | None, E: int, H: int, inter: int, K: int, T: int) -> str 
     from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 
     key = shape_key(E, H, inter, K)
-    if gpu is None or tuned_row(load_table(str(gpu_file(gpu))), key, T, budgeted=True) is None:
+    table = load_table(str(gpu_file(gpu))) if gpu else {}
+    if not table.get(key, {}).get("budget"):  # one log line per GPU and shape, not per T
+        return f"no tuned fused_moe rows for {gpu} {key}"
+    if tuned_row(table, key, T, budgeted=True) is None:
         return f"no tuned fused_moe row for {gpu} {key} at T={T}"
     return None
 
