@@ -31,12 +31,11 @@ STAT_POLICIES = {"base_plus": "predictor", "base": "predictor", "sere": "sere_si
                  "base_sched": "layer_budget",
                  "oracle_sched": "layer_budget", "base_fold": "exfold_coef"}
 # base_fold (core/fold.py, issue 13): base_plus's kept set, dropped slots folded into kept experts by
-# ExFold's calibrated pair statistics (it reads the predictor and exfold_coef / exfold_loss).
-# Its native combine rule (chosen on --split tune, BENCHMARKS.md):
-FOLD_NATIVE_RENORM = "partial"
+# ExFold's calibrated pair statistics (it reads the predictor and exfold_coef / exfold_loss)
 FOLD_FALLBACKS = ("drop", "backfill")
 # policies whose "native" combine rule is partial renormalisation instead of the model's convention
-PARTIAL_NATIVE = ("base_plus", *VARIANTS)
+# (base_fold: of its unfolded slots, core/fold.py; chosen over ExFold's "never" on --split tune)
+PARTIAL_NATIVE = ("base_plus", *VARIANTS, "base_fold")
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,8 @@ class SelectionConfig:
                  loss is below this, in (0, 1] (1 = whenever the fold recovers anything).
     fold_fallback: base_fold: what happens to a dropped slot that does not fold: "drop" or
                  "backfill" (the token's next-preferred kept expert, as base_plus). base_fold ignores
-                 `backfill`; its native combine rule is FOLD_NATIVE_RENORM ("never" = ExFold's rule,
-                 "partial" = the unfolded slots renormalised partially, core/fold.py).
+                 `backfill`; its native combine rule is "partial" (its unfolded slots renormalised
+                 partially; "never" = ExFold's rule; core/fold.py).
     sere_s, sere_rho : SERE primary slots S and critical-expert threshold rho.
     oea_k0     : OEA baseline experts per token.
     lynx_alpha, lynx_beta, lynx_tau : Lynx bin width (inverse), number of bins, keep threshold.
@@ -120,8 +119,6 @@ class SelectionConfig:
         """The combine rule after selection: "always", "never" or "partial"."""
         if self.renorm != "native":
             return self.renorm
-        if self.policy == "base_fold":
-            return FOLD_NATIVE_RENORM
         if self.policy in PARTIAL_NATIVE:
             return "partial"
         return "always" if norm_topk_prob else "never"

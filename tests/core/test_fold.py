@@ -54,11 +54,9 @@ def test_partial_renormalises_only_the_unfolded_slots():
     assert torch.allclose(always.weights[0], torch.tensor([0.82, 0.18]))
 
 
-def test_native_rule_is_the_configured_fold_rule():
-    from base_sglang.core.config import FOLD_NATIVE_RENORM
-
+def test_native_rule_is_partial():
     native = select(hand_case())
-    explicit = select(hand_case(), renorm=FOLD_NATIVE_RENORM)
+    explicit = select(hand_case(), renorm="partial")
     assert torch.equal(native.ids, explicit.ids) and torch.equal(native.weights, explicit.weights)
 
 
