@@ -7,6 +7,7 @@
     python -m base_sglang.calibration.tables variants FILE.json...  # issue-13 variants vs base_plus, per file
     python -m base_sglang.calibration.tables vtargets FILE.json...  # the variants' targets, one row each
     python -m base_sglang.calibration.tables fold FILE.json...      # base_fold settings vs base_plus
+    python -m base_sglang.calibration.tables foldsum FILE.json...   # the same, one row per file/setting
 
 Every number is read from the files' rows and checks (calibration/sweep.py check_targets); nothing is
 re-measured here.
@@ -266,6 +267,46 @@ def fold(res: dict) -> str:
     return "\n".join(out)
 
 
+MIN_REL_PCT = 0.05  # foldsum: smallest base_plus increase (%) whose relative change is reported
+
+
+def _rel_cell(e) -> str:
+    return "-" if e is None else f"{e[0]:+.1f} % at M={e[1]} ({_pct(e[2])} vs {_pct(e[3])} %)"
+
+
+def foldsum(results: list[dict]) -> str:
+    """One row per (file, base_fold setting): the budgets M where it is lower / not lower than
+    base_plus (* = more than two standard errors) and its largest gain and loss (relative change of
+    the increase, at budgets M >= k where base_plus's increase is at least MIN_REL_PCT %: below it the
+    ratio of two near-zero increases says nothing)."""
+    out = ["| model | B | setting | lower than base_plus (M) | not lower (M) | largest gain, M >= k | "
+           "largest loss, M >= k |", "|---|---:|---|---|---|---|---|"]
+    for res in results:
+        rows = res["rows"]
+        by = {(r["policy"], r["value"]): r for r in rows}
+        k = res["meta"]["top_k"]
+        folds = list(dict.fromkeys(r["policy"] for r in rows if r["policy"].startswith("base_fold")))
+        for p in folds:
+            lower, higher, rel = [], [], []
+            for r in sorted((r for r in rows if r["policy"] == p), key=lambda r: r["value"]):
+                ref = by.get(("base_plus", r["value"]))
+                if ref is None:
+                    continue
+                d = r["dnll"] - ref["dnll"]
+                sig = abs(d) > 2 * math.sqrt(r["dnll_se"] ** 2 + ref["dnll_se"] ** 2)
+                tag = f"{r['value']}" + ("*" if sig else "")
+                (lower if r["dppl_pct"] < ref["dppl_pct"] else higher).append(tag)
+                if r["value"] >= k and ref["dppl_pct"] >= MIN_REL_PCT:
+                    rel.append((100 * (r["dppl_pct"] / ref["dppl_pct"] - 1), r["value"],
+                                r["dppl_pct"], ref["dppl_pct"]))
+            gain, loss = min(rel, default=None), max(rel, default=None)
+            s = res["meta"]["settings"]
+            out.append(f"| {res['meta']['model']} | {s['batch_size']} | {p} | "
+                       f"{', '.join(lower) or 'none'} | {', '.join(higher) or 'none'} | "
+                       f"{_rel_cell(gain)} | {_rel_cell(loss)} |")
+    return "\n".join(out) + "\n\n(* = difference larger than two standard errors)"
+
+
 def study(res: dict) -> str:
     """Held-out R^2 / Spearman / retained energy per layer and option, and each option's cost."""
     layers = res["layers"]
@@ -295,7 +336,7 @@ def study(res: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     per_file = {"quality": quality, "study": study, "variants": variants, "fold": fold}
-    all_files = {"targets": targets, "errors": errors, "vtargets": vtargets}
+    all_files = {"targets": targets, "errors": errors, "vtargets": vtargets, "foldsum": foldsum}
     if len(argv) < 2 or argv[0] not in (*per_file, *all_files):
         raise SystemExit("usage: python -m base_sglang.calibration.tables "
                          f"{'|'.join((*per_file, *all_files))} FILE.json...")

@@ -54,3 +54,17 @@ def test_fold_table_compares_each_setting_with_base_plus():
     lines = [ln for ln in text.splitlines() if ln.startswith("| 8 ") or ln.startswith("| 16 ")]
     assert lines[0] == ("| 8 | 7.5 | 10.0 | 8.00 | 12.0 | - | -20.0 % * (-0.0183 ± 0.0028) |")
     assert lines[1] == ("| 16 | 15.5 | 1.00 | 1.10 | - | - | 10.0 % (+0.0009 ± 0.0113) |")
+
+
+def test_foldsum_lists_lower_and_higher_budgets_and_skips_near_zero_ratios():
+    from base_sglang.calibration.tables import foldsum
+
+    res = {"meta": {"model": "m", "top_k": 4, "settings": {"batch_size": 8}},
+           "rows": [_row("base_plus", 2, 50.0, 0.4, 0.001), _row("base_fold", 2, 60.0, 0.47, 0.001),
+                    _row("base_plus", 8, 10.0, 0.0953, 0.001), _row("base_fold", 8, 11.0, 0.1044, 0.01),
+                    _row("base_plus", 16, 1.0, 0.0100, 0.004), _row("base_fold", 16, 0.5, 0.0050, 0.004),
+                    _row("base_plus", 24, 0.01, 0.0001, 0.004), _row("base_fold", 24, 0.0, 0.0, 0.004)]}
+    line = foldsum([res]).splitlines()[2]
+    # M=2 < k counts in the lists but not in the largest gain / loss; M=24's 0.01 % is below MIN_REL_PCT
+    assert line == ("| m | 8 | base_fold | 16, 24 | 2*, 8 | -50.0 % at M=16 (0.50 vs 1.00 %) | "
+                    "+10.0 % at M=8 (11.0 vs 10.0 %) |")
