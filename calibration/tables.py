@@ -276,11 +276,11 @@ def _rel_cell(e) -> str:
 
 def foldsum(results: list[dict]) -> str:
     """One row per (file, base_fold setting): the budgets M where it is lower / not lower than
-    base_plus (* = more than two standard errors) and its largest gain and loss (relative change of
-    the increase, at budgets M >= k where base_plus's increase is at least MIN_REL_PCT %: below it the
-    ratio of two near-zero increases says nothing)."""
-    out = ["| model | B | setting | lower than base_plus (M) | not lower (M) | largest gain, M >= k | "
-           "largest loss, M >= k |", "|---|---:|---|---|---|---|---|"]
+    base_plus (* = more than two standard errors) and its lowest and highest relative change of
+    the increase (at budgets M >= k where base_plus's increase is at least MIN_REL_PCT %: below it the
+    ratio of two near-zero increases says nothing))."""
+    out = ["| model | B | setting | lower than base_plus (M) | not lower (M) | lowest change, M >= k | "
+           "highest change, M >= k |", "|---|---:|---|---|---|---|---|"]
     for res in results:
         rows = res["rows"]
         by = {(r["policy"], r["value"]): r for r in rows}

@@ -65,6 +65,6 @@ def test_foldsum_lists_lower_and_higher_budgets_and_skips_near_zero_ratios():
                     _row("base_plus", 16, 1.0, 0.0100, 0.004), _row("base_fold", 16, 0.5, 0.0050, 0.004),
                     _row("base_plus", 24, 0.01, 0.0001, 0.004), _row("base_fold", 24, 0.0, 0.0, 0.004)]}
     line = foldsum([res]).splitlines()[2]
-    # M=2 < k counts in the lists but not in the largest gain / loss; M=24's 0.01 % is below MIN_REL_PCT
+    # M=2 < k counts in the lists but not in the lowest / highest change; M=24 is below MIN_REL_PCT
     assert line == ("| m | 8 | base_fold | 16, 24 | 2*, 8 | -50.0 % at M=16 (0.50 vs 1.00 %) | "
                     "+10.0 % at M=8 (11.0 vs 10.0 %) |")
