@@ -26,7 +26,12 @@ from base_sglang.calibration.data import (
     tokenize_documents,
     windows,
 )
-from base_sglang.calibration.sweep import ALL_POLICIES, DEFAULT_POLICIES, NEEDS_PREDICTOR
+from base_sglang.calibration.sweep import (
+    ALL_POLICIES,
+    DEFAULT_POLICIES,
+    NEEDS_PREDICTOR,
+    parse_fold_variant,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=64, help="decode steps under the policy")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma-separated subset of {','.join(ALL_POLICIES)} (default: all but the "
-                        f"issue-13 variants base_net, base_sched and their oracle_*)")
+                        f"issue-13 variants base_net, base_sched, their oracle_*, and base_fold)")
     p.add_argument("--budgets", type=int, nargs="*", default=None,
                    help="M / D values (default: k, 1.5k, 2k, 3k, 4k, 5k, 6k and half the dense union)")
     p.add_argument("--renorm", default="native", choices=("native", "always", "never", "partial"),
@@ -59,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "each removal cost (0..1)")
     p.add_argument("--net-iters", type=int, default=2,
                    help="base_net / oracle_net: re-selections on the net loss (>= 1)")
+    p.add_argument("--fold-variants", nargs="*", default=None, metavar="RENORM:MAX_LOSS:FALLBACK",
+                   help="base_fold settings to run (default native:1:drop); renorm native|never|partial|"
+                        "always, fold_max_loss in (0, 1], fallback drop|backfill (core/fold.py)")
     p.add_argument("--no-backfill", action="store_true",
                    help="drop removed slots instead of backfilling them (ablation)")
     p.add_argument("--lynx-tau", type=float, nargs="*", default=None,
@@ -91,6 +99,7 @@ def _validate(args) -> list[str]:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
         if p in NEEDS_PREDICTOR and not args.predictor:
             raise ValueError(f"predictor: policy {p!r} needs --predictor (a base-calibrate file)")
+    args.fold = tuple(parse_fold_variant(v) for v in (args.fold_variants or ["native:1:drop"]))
     if args.max_errors and not args.predictor:
         raise ValueError("predictor: --max-errors needs --predictor (a base-calibrate file)")
     return policies
@@ -150,7 +159,7 @@ def run(args) -> int:
     settings = build_settings(policies, E, K, budgets, renorm=args.renorm, renorm_alpha=args.renorm_alpha,
                               backfill=not args.no_backfill, lynx_taus=taus,
                               max_errors=tuple(args.max_errors or ()), net_lambda=args.net_lambda,
-                              net_iters=args.net_iters)[1:]
+                              net_iters=args.net_iters, fold_variants=args.fold)[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -170,6 +179,7 @@ def run(args) -> int:
                      "policies": policies, "budgets": budgets, "renorm": args.renorm,
                      "renorm_alpha": args.renorm_alpha, "net_lambda": args.net_lambda,
                      "net_iters": args.net_iters,
+                     "fold_variants": [list(v) for v in args.fold],
                      "backfill": not args.no_backfill, "lynx_taus": taus,
                      "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),

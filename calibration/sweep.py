@@ -14,7 +14,7 @@ from base_sglang.core.config import BUDGETED_POLICIES, ORACLE_OF, STAT_POLICIES,
 ALL_POLICIES = tuple(p for p in POLICIES if p != "dense") + ("oracle_plus",)
 # base-eval's default: every policy but the issue-13 variants (they are asked for by name; base_sched
 # needs a predictor file with a layer schedule)
-DEFAULT_POLICIES = tuple(p for p in ALL_POLICIES if p not in VARIANTS)
+DEFAULT_POLICIES = tuple(p for p in ALL_POLICIES if p not in (*VARIANTS, "base_fold"))
 NET_POLICIES = tuple(p for p, v in VARIANTS.items() if v[1] == "net")
 BUDGETED = BUDGETED_POLICIES + ("oracle_plus",)  # kept-set size = budget (M or D)
 NEEDS_PREDICTOR = tuple(STAT_POLICIES)
@@ -25,6 +25,30 @@ ORACLES = ("oracle", "oracle_plus")  # oracle = true norms in BASE's score (the 
 # oracle_plus = true norms with base_plus's combine rule (the oracle of the default's own objective)
 SERE_GRID = [(s, r) for s in (1, 2, 3) for r in (0.0, 0.3)]
 LYNX_GRID = [(a, b) for a in (1.0, 4.0) for b in (5,)]
+
+
+FOLD_DEFAULT = ("native", 1.0, "drop")  # base_fold's knobs: (renorm, fold_max_loss, fold_fallback)
+
+
+def fold_label(renorm: str, max_loss: float, fallback: str) -> str:
+    """Policy label of a base_fold setting: "base_fold" for the defaults, else with its knobs."""
+    if (renorm, float(max_loss), fallback) == FOLD_DEFAULT:
+        return "base_fold"
+    return f"base_fold[{renorm},{max_loss:g},{fallback}]"
+
+
+def parse_fold_variant(spec: str) -> tuple[str, float, str]:
+    """'RENORM:MAX_LOSS:FALLBACK' (e.g. never:1:drop, partial:0.97:backfill) -> a fold variant."""
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"fold-variants: expected RENORM:MAX_LOSS:FALLBACK, got {spec!r}")
+    try:
+        max_loss = float(parts[1])
+    except ValueError:
+        raise ValueError(f"fold-variants: MAX_LOSS of {spec!r} is not a number") from None
+    SelectionConfig(policy="base_fold", renorm=parts[0], fold_max_loss=max_loss,
+                    fold_fallback=parts[2])  # validates each field, naming it
+    return parts[0], max_loss, parts[2]
 
 
 def default_budgets(num_experts: int, top_k: int, union: float) -> list[int]:
@@ -39,10 +63,14 @@ def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: l
                    renorm: str = "native", backfill: bool = True,
                    lynx_taus: tuple[float, ...] = (1.0,),
                    max_errors: tuple[float, ...] = (), renorm_alpha: float = 0.5,
-                   net_lambda: float = 1.0, net_iters: int = 2) -> list[Setting]:
+                   net_lambda: float = 1.0, net_iters: int = 2,
+                   fold_variants: tuple[tuple[str, float, str], ...] = (FOLD_DEFAULT,)
+                   ) -> list[Setting]:
     """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
     pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx). max_errors adds
-    base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap)."""
+    base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap).
+    fold_variants: base_fold's (renorm, fold_max_loss, fold_fallback) settings; each but the default
+    runs under its own policy label fold_label(...)."""
     out = [Setting("dense", "dense", "-", "-", SelectionConfig(policy="dense"), num_experts)]
     kw = dict(renorm=renorm, backfill=backfill, renorm_alpha=renorm_alpha)
     # oracle_plus runs the core's oracle (true norms) under base_plus's combine rule
@@ -55,6 +83,13 @@ def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: l
         elif p in NET_POLICIES:
             out += [Setting(f"{p} M={m}", p, "M", m, SelectionConfig(
                 policy=p, net_lambda=net_lambda, net_iters=net_iters, **kw), m) for m in budgets]
+        elif p == "base_fold":
+            for renorm_f, max_loss, fallback in fold_variants:
+                label = fold_label(renorm_f, max_loss, fallback)
+                cfg = dict(policy=p, renorm=renorm_f, renorm_alpha=renorm_alpha,
+                           fold_max_loss=max_loss, fold_fallback=fallback)
+                out += [Setting(f"{label} M={m}", label, "M", m, SelectionConfig(**cfg), m)
+                        for m in budgets]
         elif p == "exfold":
             out += [Setting(f"exfold D={m}", p, "D", m, SelectionConfig(policy=p), m) for m in budgets]
         elif p in BUDGETED:

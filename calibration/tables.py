@@ -6,6 +6,8 @@
     python -m base_sglang.calibration.tables study FILE.json...     # predictor options per layer
     python -m base_sglang.calibration.tables variants FILE.json...  # issue-13 variants vs base_plus, per file
     python -m base_sglang.calibration.tables vtargets FILE.json...  # the variants' targets, one row each
+    python -m base_sglang.calibration.tables fold FILE.json...      # base_fold settings vs base_plus
+    python -m base_sglang.calibration.tables foldsum FILE.json...   # the same, one row per file/setting
 
 Every number is read from the files' rows and checks (calibration/sweep.py check_targets); nothing is
 re-measured here.
@@ -230,6 +232,81 @@ def vtargets(results: list[dict]) -> str:
     return "\n".join(out) + "\n\n(* = difference larger than two standard errors)"
 
 
+def _diff_cell(r: dict | None, ref: dict | None) -> str:
+    """Relative change of the increase against ref, then the NLL difference +- two standard errors
+    (unpaired, as check_targets), "*" when larger."""
+    if r is None or ref is None:
+        return "-"
+    d = r["dnll"] - ref["dnll"]
+    band = 2 * math.sqrt(r["dnll_se"] ** 2 + ref["dnll_se"] ** 2)
+    rel = 100 * (r["dppl_pct"] / ref["dppl_pct"] - 1) if ref["dppl_pct"] > 0 else float("nan")
+    return (f"{_f(rel)} %{' *' if abs(d) > band else ''} ({d:+.4f} ± {band:.4f})")
+
+
+def fold(res: dict) -> str:
+    """Per budget M: base_plus, every base_fold setting (policy labels base_fold...), exfold (D = M)
+    and oracle_plus, then each base_fold setting against base_plus at the same M (the same kept set,
+    so the same experts executed)."""
+    rows = res["rows"]
+    by = {(r["policy"], r["value"]): r for r in rows}
+    folds = list(dict.fromkeys(r["policy"] for r in rows if r["policy"].startswith("base_fold")))
+    budgets = sorted({r["value"] for r in rows if r["policy"] in ("base_plus", *folds)})
+    top_k = res["meta"]["top_k"]
+    cols = ["base_plus", *folds, "exfold", "oracle_plus"]
+    out = [header(res), "",
+           "| M | experts | " + " | ".join(cols) + " | " +
+           " | ".join(f"{p} vs base_plus" for p in folds) + " |",
+           "|---:|---:|" + "---:|" * len(cols) + "---|" * len(folds)]
+    for m in budgets:
+        ref = by.get(("base_plus", m))
+        cells = [_pct(by[(p, m)]["dppl_pct"]) if (p, m) in by else "-" for p in cols]
+        diffs = [_diff_cell(by.get((p, m)), ref) for p in folds]
+        label = f"{m}" + (" (< k)" if m < top_k else "")
+        exp = _f(ref["experts"]) if ref else "-"
+        out.append(f"| {label} | {exp} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
+    return "\n".join(out)
+
+
+MIN_REL_PCT = 0.05  # foldsum: smallest base_plus increase (%) whose relative change is reported
+
+
+def _rel_cell(e) -> str:
+    return "-" if e is None else f"{e[0]:+.1f} % at M={e[1]} ({_pct(e[2])} vs {_pct(e[3])} %)"
+
+
+def foldsum(results: list[dict]) -> str:
+    """One row per (file, base_fold setting): the budgets M where it is lower / not lower than
+    base_plus (* = more than two standard errors) and its lowest and highest relative change of
+    the increase (at budgets M >= k where base_plus's increase is at least MIN_REL_PCT %: below it the
+    ratio of two near-zero increases says nothing))."""
+    out = ["| model | B | setting | lower than base_plus (M) | not lower (M) | lowest change, M >= k | "
+           "highest change, M >= k |", "|---|---:|---|---|---|---|---|"]
+    for res in results:
+        rows = res["rows"]
+        by = {(r["policy"], r["value"]): r for r in rows}
+        k = res["meta"]["top_k"]
+        folds = list(dict.fromkeys(r["policy"] for r in rows if r["policy"].startswith("base_fold")))
+        for p in folds:
+            lower, higher, rel = [], [], []
+            for r in sorted((r for r in rows if r["policy"] == p), key=lambda r: r["value"]):
+                ref = by.get(("base_plus", r["value"]))
+                if ref is None:
+                    continue
+                d = r["dnll"] - ref["dnll"]
+                sig = abs(d) > 2 * math.sqrt(r["dnll_se"] ** 2 + ref["dnll_se"] ** 2)
+                tag = f"{r['value']}" + ("*" if sig else "")
+                (lower if r["dppl_pct"] < ref["dppl_pct"] else higher).append(tag)
+                if r["value"] >= k and ref["dppl_pct"] >= MIN_REL_PCT:
+                    rel.append((100 * (r["dppl_pct"] / ref["dppl_pct"] - 1), r["value"],
+                                r["dppl_pct"], ref["dppl_pct"]))
+            gain, loss = min(rel, default=None), max(rel, default=None)
+            s = res["meta"]["settings"]
+            out.append(f"| {res['meta']['model']} | {s['batch_size']} | {p} | "
+                       f"{', '.join(lower) or 'none'} | {', '.join(higher) or 'none'} | "
+                       f"{_rel_cell(gain)} | {_rel_cell(loss)} |")
+    return "\n".join(out) + "\n\n(* = difference larger than two standard errors)"
+
+
 def study(res: dict) -> str:
     """Held-out R^2 / Spearman / retained energy per layer and option, and each option's cost."""
     layers = res["layers"]
@@ -258,8 +335,8 @@ def study(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    per_file = {"quality": quality, "study": study, "variants": variants}
-    all_files = {"targets": targets, "errors": errors, "vtargets": vtargets}
+    per_file = {"quality": quality, "study": study, "variants": variants, "fold": fold}
+    all_files = {"targets": targets, "errors": errors, "vtargets": vtargets, "foldsum": foldsum}
     if len(argv) < 2 or argv[0] not in (*per_file, *all_files):
         raise SystemExit("usage: python -m base_sglang.calibration.tables "
                          f"{'|'.join((*per_file, *all_files))} FILE.json...")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("dense", "base_plus", "base", "oracle", "gate_sum", "frequency", "exfold", "oea", "sere",
-            "lynx", "base_net", "oracle_net", "base_sched", "oracle_sched")
+            "lynx", "base_net", "oracle_net", "base_sched", "oracle_sched", "base_fold")
 # the project's default: BASE's kept set with partial renormalisation (see SelectionConfig.renorm)
 DEFAULT_POLICY = "base_plus"
 RENORM_MODES = ("native", "always", "never", "partial")
@@ -29,9 +29,13 @@ ERROR_POLICIES = ("base_plus", "base", "oracle")
 STAT_POLICIES = {"base_plus": "predictor", "base": "predictor", "sere": "sere_sim",
                  "exfold": "exfold_coef", "frequency": "expert_freq", "base_net": "predictor",
                  "base_sched": "layer_budget",
-                 "oracle_sched": "layer_budget"}
+                 "oracle_sched": "layer_budget", "base_fold": "exfold_coef"}
+# base_fold (core/fold.py, issue 13): base_plus's kept set, dropped slots folded into kept experts by
+# ExFold's calibrated pair statistics (it reads the predictor and exfold_coef / exfold_loss)
+FOLD_FALLBACKS = ("drop", "backfill")
 # policies whose "native" combine rule is partial renormalisation instead of the model's convention
-PARTIAL_NATIVE = ("base_plus", *VARIANTS)
+# (base_fold: of its unfolded slots, core/fold.py; chosen over ExFold's "never" on --split tune)
+PARTIAL_NATIVE = ("base_plus", *VARIANTS, "base_fold")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,12 @@ class SelectionConfig:
     net_lambda : base_net / oracle_net: share of the backfill expert's contribution subtracted from
                  a removal cost, in [0, 1] (0 = base_plus's kept set).
     net_iters  : base_net / oracle_net: re-selections on the net loss (a constant: fixed shapes), >= 1.
+    fold_max_loss: base_fold: a dropped slot folds only when its best kept expert's ExFold residual
+                 loss is below this, in (0, 1] (1 = whenever the fold recovers anything).
+    fold_fallback: base_fold: what happens to a dropped slot that does not fold: "drop" or
+                 "backfill" (the token's next-preferred kept expert, as base_plus). base_fold ignores
+                 `backfill`; its native combine rule is "partial" (its unfolded slots renormalised
+                 partially; "never" = ExFold's rule; core/fold.py).
     sere_s, sere_rho : SERE primary slots S and critical-expert threshold rho.
     oea_k0     : OEA baseline experts per token.
     lynx_alpha, lynx_beta, lynx_tau : Lynx bin width (inverse), number of bins, keep threshold.
@@ -65,6 +75,8 @@ class SelectionConfig:
     renorm_alpha: float = 0.5
     net_lambda: float = 1.0
     net_iters: int = 2
+    fold_max_loss: float = 1.0
+    fold_fallback: str = "drop"
     sere_s: int = 1
     sere_rho: float = 0.0
     oea_k0: int = 2
@@ -84,6 +96,11 @@ class SelectionConfig:
             raise ValueError(f"net_lambda: must be in [0, 1], got {self.net_lambda}")
         if isinstance(self.net_iters, bool) or not isinstance(self.net_iters, int) or self.net_iters < 1:
             raise ValueError(f"net_iters: must be an integer >= 1, got {self.net_iters!r}")
+        if not 0.0 < self.fold_max_loss <= 1.0:
+            raise ValueError(f"fold_max_loss: must be in (0, 1], got {self.fold_max_loss}")
+        if self.fold_fallback not in FOLD_FALLBACKS:
+            raise ValueError(f"fold_fallback: must be one of {FOLD_FALLBACKS}, got "
+                             f"{self.fold_fallback!r}")
         if self.sere_s < 1:
             raise ValueError(f"sere_s: must be >= 1, got {self.sere_s}")
         if not 0.0 <= self.sere_rho <= 1.0:

@@ -27,6 +27,8 @@ The issue-13 variants (config.VARIANTS, variants.py) keep base_plus's backfill a
 the kept set: base_net (backfill-aware net loss) and base_sched (a calibrated per-layer budget);
 oracle_net / oracle_sched are the same rules on true norms.
 They run here only (the Triton kernels hand them to this core).
+base_fold (fold.py) keeps base_plus's kept set and folds each dropped routed slot into the kept expert
+with the smallest calibrated ExFold residual instead of backfilling it (core only as well).
 
 Everything is fixed-shape and free of host synchronisation for dense/base_plus/base/oracle/oea/gate_sum/
 frequency/lynx/exfold (no .item(), nonzero, unique): the call can be captured in a CUDA graph. Batch scores are
@@ -41,6 +43,7 @@ import torch
 
 from .config import ERROR_POLICIES, VARIANTS, SelectionConfig
 from .error_budget import error_budgets, score_rank
+from .fold import fold_slots
 from .predictor import Predictor
 from .variants import net_kept, scheduled_budget
 
@@ -100,7 +103,8 @@ def select_experts(
     pred_d = None  # [E] predicted batch removal score D_u = sum_t w^2 exp(2 yhat)
     pred_c = None  # [T, K] predicted removal cost w^2 exp(2 yhat)
     variant = VARIANTS.get(config.policy)  # (costs, objective, scheduled) or None
-    pred_policy = config.policy in ("base", "base_plus") or (variant is not None and variant[0] == "pred")
+    pred_policy = (config.policy in ("base", "base_plus", "base_fold")
+                   or (variant is not None and variant[0] == "pred"))
     if pred_policy and predictor is not None and layer_id not in config.skip_layers:
         predictor.slot(layer_id)  # raises, naming the layer, when the file does not cover it
     if log_norms is not None or (predictor is not None and hidden_states is not None
@@ -140,12 +144,16 @@ def select_experts(
         else:
             d, in_s = _kept_set(policy, ids, w, valid, in_union, m, router_logits, real, layer_id,
                                 config, predictor, pred_d, routed_norms)
-        if config.backfill:
-            new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
+        if policy == "base_fold":  # its own fallback and combine rule (fold.py)
+            new_ids, new_w = _fold(ids, w, valid, in_s, router_logits, layer_id, config, predictor,
+                                   norm_topk_prob)
         else:
-            new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
-        new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids,
-                                 config.combine_mode(norm_topk_prob), config.renorm_alpha)
+            if config.backfill:
+                new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
+            else:
+                new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
+            new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids,
+                                     config.combine_mode(norm_topk_prob), config.renorm_alpha)
 
     new_ids = torch.where(real[:, None], new_ids, torch.full_like(new_ids, -1))  # padded rows dropped
     new_w = torch.where(new_ids >= 0, new_w, torch.zeros_like(new_w))  # [T, K]
@@ -164,7 +172,7 @@ def _kept_set(policy, ids, w, valid, in_union, m, logits, real, layer_id, config
     """Return (batch removal score D [E] reported in the stats, or None; kept mask in_s [E])."""
     E = logits.shape[1]
     cost = pred_d  # other policies report the predicted removal score when a predictor is given
-    if policy in ("base", "base_plus"):
+    if policy in ("base", "base_plus", "base_fold"):
         if pred_d is None:
             _need(predictor, policy)
             raise ValueError("base: hidden_states are required to predict removal costs")
@@ -306,6 +314,18 @@ def _combine_weights(logits, ids, w, routed_row, new_ids, mode, alpha=0.5):
             new_w = new_w * (total_w / total_new).clamp_min(0.0).pow(alpha)  # [T, K]
     unchanged = (new_ids == ids).all(1, keepdim=True)  # [T, 1] exact identity when nothing moved
     return torch.where(unchanged, w, new_w)
+
+
+def _fold(ids, w, valid, in_s, logits, layer_id, config, predictor, norm_topk_prob):
+    """base_fold: the slots outside S folded into kept experts (fold.py). ids, weights [T, K]."""
+    j = predictor.slot(layer_id)
+    if predictor.exfold_coef is None or predictor.exfold_loss is None:
+        raise ValueError("base_fold: the predictor file lacks exfold_coef / exfold_loss statistics")
+    loss = predictor.exfold_loss[j].to(w.device).float()  # [E, E]
+    coef = predictor.exfold_coef[j].to(w.device).float()  # [E, E]
+    return fold_slots(ids, w, valid, in_s, loss, coef, logits, max_loss=config.fold_max_loss,
+                      fallback=config.fold_fallback, mode=config.combine_mode(norm_topk_prob),
+                      alpha=config.renorm_alpha)
 
 
 # ---- re-routing baselines ----------------------------------------------------------------------

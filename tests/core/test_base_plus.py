@@ -151,7 +151,7 @@ def test_combine_mode_for_every_policy_renorm_and_model(policy, renorm, norm_top
     mode = SelectionConfig(policy=policy, renorm=renorm).combine_mode(norm_topk)
     if renorm != "native":
         assert mode == renorm  # an explicit renorm always wins (ablation)
-    elif policy in PARTIAL_NATIVE:  # base_plus and its issue-13 variants
+    elif policy in PARTIAL_NATIVE:  # base_plus, its issue-13 variants and base_fold
         assert mode == "partial"
     else:
         assert mode == ("always" if norm_topk else "never")  # the model's own convention
