@@ -373,3 +373,29 @@ def test_base_sched_runs_the_table_of_the_graph_batch_size(base_state):
         assert kept == min(want, union), (n, T)
         if by_real_rows != want:  # the case tells the two row counts apart
             assert min(by_real_rows, union) != kept
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_base_fold_through_the_hook_equals_the_core(base_state, renormalize):
+    """BASE_POLICY=base_fold (selectable, not the default): the TopK hook gives exactly the core's
+    selection, which reads the predictor's ExFold statistics on the model's device; the step keeps
+    at most the budget, and differs from base_plus where a dropped slot is folded."""
+    import dataclasses
+
+    from base_sglang.testing.predictors import random_predictor
+
+    pred = random_predictor(E, H, K, range(NUM_LAYERS), seed=0, scale=0.5, model_id="tiny-test",
+                            stats=True)  # with ExFold's coef / loss
+    base_state.enable(pred, dataclasses.replace(base_state.config, policy="base_fold"), "cpu")
+    topk = _topk(layer_id=1, renormalize=renormalize)
+    hidden, logits = _inputs(6, seed=3)
+    dense = topk.forward_native(hidden, logits)
+    with base_state.decode_step([2] * 6) as on:
+        assert on
+        out = topk(hidden, logits)
+    want = _core(base_state, dense, hidden, logits, [2] * 6, 1, renormalize, policy="base_fold")
+    assert torch.equal(out.topk_ids, want.ids)
+    torch.testing.assert_close(out.topk_weights, want.weights, rtol=0, atol=0)
+    assert torch.unique(out.topk_ids[out.topk_ids >= 0]).numel() <= 2
+    plus = _core(base_state, dense, hidden, logits, [2] * 6, 1, renormalize, policy="base_plus")
+    assert not torch.equal(out.topk_weights, plus.weights)
