@@ -166,21 +166,6 @@ def test_matches_a_loop_reference_on_random_batches(seed, M):
     assert torch.allclose(sel.weights, ref_w, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [{}, dict(renorm="never"),
-                                dict(fold_max_loss=0.9, fold_fallback="backfill")])
-def test_runs_on_meta_tensors(kw):
-    T, E2, K2, H2 = 8, 12, 4, 16
-    meta = torch.device("meta")
-    pred = make_predictor(E2, H2, K2).to(meta)
-    sel = select_experts(
-        torch.empty(T, E2, device=meta), torch.empty(T, K2, dtype=torch.int32, device=meta),
-        torch.empty(T, K2, device=meta), torch.empty(T, H2, device=meta),
-        torch.empty(T, dtype=torch.int64, device=meta), 0,
-        SelectionConfig(policy="base_fold", **kw), pred)
-    assert sel.ids.shape == (T, K2) and sel.ids.dtype == torch.int32
-    assert sel.stats.num_kept.shape == ()
-
-
 def test_bad_knobs_and_missing_statistics_name_the_field():
     with pytest.raises(ValueError, match="fold_max_loss"):
         SelectionConfig(policy="base_fold", fold_max_loss=0.0)
