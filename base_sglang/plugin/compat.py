@@ -52,3 +52,19 @@ def moe_runner_backends(model):
         backend = getattr(runner, "runner_backend", None)
         if backend is not None:
             yield name, backend
+
+
+def publish_process_config(server_args, world_rank: int = 0) -> None:
+    """Install SGLang's process-wide config for a process that is not a server (tests, the CPU TP
+    simulation, GPU check scripts), as a scheduler would: fresh context, role "test"; 0.5.23 takes
+    this process's ranks (SpawnRanks), 0.5.17 has no rank argument."""
+    import inspect
+
+    from sglang.srt import runtime_context
+
+    runtime_context.reset_context()
+    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
+        ranks = runtime_context.SpawnRanks(world_rank=world_rank, dp_rank=None)
+        runtime_context.publish(server_args, role="test", ranks=ranks)
+    else:  # 0.5.17
+        runtime_context.publish(server_args, role="test")

@@ -204,9 +204,10 @@ def around_fused_experts(original, *args, **kwargs):
     st = state.STATE
     if not st.active:
         return original(*args, **kwargs)
-    bound = moe.signature().bind(*args, **kwargs)
+    sig = moe.signature()
+    bound = sig.bind(*args, **kwargs)
     if st.config.moe == "auto" and st.config.kernels:
-        reason = moe.why_not_ours(bound.arguments, moe.signature())
+        reason = moe.why_not_ours(bound.arguments, sig)
         if reason is None:
             return moe.run_ours(bound.arguments)
         st.note_sglang_moe(reason)

@@ -331,16 +331,9 @@ class HookSelector:
 
 def _publish_cpu_topology() -> None:
     """SGLang's process topology for a CPU process (as tests/plugin/conftest.py `published`)."""
-    import inspect
-
-    from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    server_args = ServerArgs(model_path="dummy", device="cpu", tp_size=dist.get_world_size())
-    runtime_context.reset_context()
-    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
-        runtime_context.publish(server_args, role="test",
-                                ranks=runtime_context.SpawnRanks(world_rank=dist.get_rank(),
-                                                                 dp_rank=None))
-    else:  # 0.5.17
-        runtime_context.publish(server_args, role="test")
+    from base_sglang.plugin.compat import publish_process_config
+
+    publish_process_config(ServerArgs(model_path="dummy", device="cpu", tp_size=dist.get_world_size()),
+                           world_rank=dist.get_rank())

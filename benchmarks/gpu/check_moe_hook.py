@@ -113,13 +113,9 @@ def publish(device: str) -> None:
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    server_args = ServerArgs(model_path="dummy", device=device)
-    runtime_context.reset_context()
-    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
-        ranks = runtime_context.SpawnRanks(world_rank=0, dp_rank=None)
-        runtime_context.publish(server_args, role="test", ranks=ranks)
-    else:  # 0.5.17
-        runtime_context.publish(server_args, role="test")
+    from base_sglang.plugin.compat import publish_process_config
+
+    publish_process_config(ServerArgs(model_path="dummy", device=device))
     if hasattr(runtime_context, "get_exec"):
         runtime_context.get_exec()  # raises "not published" if the above did not take
     # one rank of tensor parallelism (its all-reduce checks read the TP group: call 4 failed

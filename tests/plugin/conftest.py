@@ -64,18 +64,13 @@ def plugin_env(tmp_path_factory):
 @pytest.fixture(scope="session")
 def published(plugin_env):
     """SGLang's process topology for a CPU test (what sglang's own test_utils.published_topology does)."""
-    import inspect
-
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
+    from base_sglang.plugin.compat import publish_process_config
+
     server_args = ServerArgs(model_path="dummy", device="cpu")
-    runtime_context.reset_context()
-    if "ranks" in inspect.signature(runtime_context.publish).parameters:  # 0.5.23
-        ranks = runtime_context.SpawnRanks(world_rank=0, dp_rank=None)
-        runtime_context.publish(server_args, role="test", ranks=ranks)
-    else:  # 0.5.17: no rank argument
-        runtime_context.publish(server_args, role="test")
+    publish_process_config(server_args)
     yield server_args
     runtime_context.reset_context()
 
