@@ -18,6 +18,7 @@ Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 
   router_us   dense routing: GEMM [T, H] x [H, E] + the router's top-k (base_route_select without
               yhat: one launch, the baseline the folded launch replaces)
   folded_us   GEMM [T, H] x [H, 2E] + base_route_select (top-k + BASE)
+  split_us    the same GEMM + base_route_split (top-k + BASE in two launches, default tiles)
   unfolded_us the same dense routing + base_select_experts (triton_us's path) after it
   torch_topk_us GEMM + torch softmax / topk / renormalise (SGLang's native path), for reference
   folded_share = (folded_us - router_us) / dense_us: what BASE adds to the router, as a share of
@@ -52,6 +53,7 @@ from base_sglang.core import DEFAULT_POLICY, SelectionConfig, select_experts  # 
 from base_sglang.core.routing import fold_router  # noqa: E402
 from base_sglang.kernels import (  # noqa: E402
     base_route_select,
+    base_route_split,
     base_score,
     base_select,
     base_select_experts,
@@ -102,6 +104,11 @@ def folded_times(x, r, pred, bud, cfg, s, M) -> dict:
         return base_route_select(scores[:, :E], scores[:, E:], b, bud, top_k=K, renormalize=norm,
                                  **comb)
 
+    def split():
+        scores = x @ w2.T  # [T, 2E]
+        return base_route_split(scores[:, :E], scores[:, E:], b, bud, top_k=K, renormalize=norm,
+                                **comb)
+
     def unfolded():
         logits, (ids, w, _, _) = dense_route()
         return base_select_experts(logits, ids, w, x, bud, 0, cfg, pred, norm_topk_prob=norm)
@@ -115,6 +122,7 @@ def folded_times(x, r, pred, bud, cfg, s, M) -> dict:
             "gemm2_us": round(graph_time_us(lambda: x @ w2.T), 2),
             "router_us": round(graph_time_us(dense_route), 2),
             "folded_us": round(graph_time_us(folded), 2),
+            "split_us": round(graph_time_us(split), 2),
             "unfolded_us": round(graph_time_us(unfolded), 2),
             "torch_topk_us": round(graph_time_us(torch_topk), 2)}
 

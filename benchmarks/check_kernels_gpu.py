@@ -33,6 +33,8 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only moe         sections 8, 9 and 10
     --only route       sections 11 and 10
     --only compact     the narrow backfill against the same tiles with it off, bitwise
+    --only split       the two-launch route-select (base_route_split) == the core, its tilings,
+                       == the one launch bitwise at the same tiling, repeat calls, a graph replay
 """
 
 from __future__ import annotations
@@ -580,12 +582,77 @@ def check_route_compact() -> None:
                max_weight_diff=worst)
 
 
-def check_route_graph() -> None:
+def check_route_split() -> None:
+    """base_route_split (two launches) == core.routing at three shapes, T in {16, 64, 128}, every
+    budget kind, base / base_plus, backfill on and off; every SPLIT_VARIANTS tiling == the core at
+    T = 64; == the one-launch kernel bit for bit at its tiling (16 rows per program) where both
+    sum the same chunks; 20 repeat calls bitwise; a CUDA graph with changed budgets == eager."""
+    from kernel_common import SPLIT_VARIANTS
+
+    from base_sglang.kernels import route_select_experts
+
+    os.environ["BASE_ROUTE"] = "split"
+    try:
+        for shape, s in SHAPES.items():
+            E, K, norm = s["E"], s["K"], s["norm_topk_prob"]
+            for T in ((16, 64, 128) if DEVICE == "cuda" else (5, 20)):
+                w2, z, pred = route_case(shape, T, seed=T + 300)
+                scores = z @ w2.T
+                logits, yhat = scores[:, :E], scores[:, E:]
+                bad, worst = [], 0.0
+                for bname, bud in budgets(T, E, K).items():
+                    for policy, backfill in (("base_plus", True), ("base", True), ("base_plus", False)):
+                        cfg = SelectionConfig(policy=policy, backfill=backfill)
+                        ok, diff, rows = route_diff(logits, yhat, bud, cfg, pred, K, norm)
+                        worst = max(worst, diff)
+                        if not ok:
+                            bad.append((bname, policy, backfill, rows))
+                record(f"split/{shape}/T={T}", not bad, cases=5 * 3, max_w_diff=worst, failures=bad[:4])
+                cfg = SelectionConfig(policy="base_plus")
+                bud = budgets(T, E, K)["mixed"]
+                first = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+                same = all(torch.equal(first.ids, o.ids) and torch.equal(first.weights, o.weights)
+                           for o in (route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
+                                                          norm_topk_prob=norm) for _ in range(20)))
+                record(f"split_repeat/{shape}/T={T}", same, calls=20)
+                if E >= 64:  # one launch at 16 rows per program vs split at the same tiling
+                    os.environ["BASE_ROUTE_SPLIT_TILES"] = "16,8,8"
+                    os.environ["BASE_ROUTE_TILES"] = "8,16,0,1"
+                    two = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+                    os.environ["BASE_ROUTE"] = "fold"
+                    one = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
+                    os.environ["BASE_ROUTE"] = "split"
+                    for k in ("BASE_ROUTE_SPLIT_TILES", "BASE_ROUTE_TILES"):
+                        os.environ.pop(k, None)
+                    record(f"split_vs_fold_bitwise/{shape}/T={T}",
+                           torch.equal(one.ids, two.ids) and torch.equal(one.weights, two.weights))
+        for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
+            s = SHAPES[shape]
+            E, K, T = s["E"], s["K"], (64 if DEVICE == "cuda" else 9)
+            w2, z, pred = route_case(shape, T, seed=T + 400)
+            scores = z @ w2.T
+            logits, yhat = scores[:, :E], scores[:, E:]
+            for tiles in SPLIT_VARIANTS:
+                os.environ["BASE_ROUTE_SPLIT_TILES"] = tiles
+                try:
+                    bad = [b for b, bud in budgets(T, E, K).items()
+                           if not route_diff(logits, yhat, bud, SelectionConfig(policy="base_plus"),
+                                             pred, K, s["norm_topk_prob"])[0]]
+                finally:
+                    os.environ.pop("BASE_ROUTE_SPLIT_TILES", None)
+                record(f"split_tiles/{shape}/T={T}/{tiles}", not bad, failures=bad)
+        if DEVICE == "cuda":
+            check_route_graph(T=64, name="split_graph_replay")
+    finally:
+        os.environ.pop("BASE_ROUTE", None)
+
+
+def check_route_graph(T: int = 16, name: str = "route_graph_replay") -> None:
     from base_sglang.kernels import route_select_experts
 
     shape = "qwen3-30b-a3b"
     s = SHAPES[shape]
-    E, K, T = s["E"], s["K"], 16
+    E, K = s["E"], s["K"]
     w2, z, pred = route_case(shape, T, seed=3)
     cfg = SelectionConfig(policy="base_plus")
     budget = torch.full((T,), 10, device=DEVICE)
@@ -598,7 +665,7 @@ def check_route_graph() -> None:
 
     trials = budgets(T, E, K)
     bad = [name for name, ok, _ in graph_replays(step, budget, trials) if not ok]
-    record("route_graph_replay", not bad, trials=len(trials), failures=bad)
+    record(name, not bad, trials=len(trials), failures=bad)
 
 
 def main() -> int:
@@ -606,7 +673,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
     ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
-                                       "compact"],
+                                       "compact", "split"],
                     help="run one group of sections only")
     args = ap.parse_args()
     if args.quick:
@@ -633,6 +700,8 @@ def main() -> int:
         checks = [check_route, check_route_graph, check_route_tiles, check_sched]
     elif args.only == "compact":
         checks = [check_route_compact]
+    elif args.only == "split":
+        checks = [check_route_split]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs

@@ -88,25 +88,31 @@ def dense_table(rows: list[dict]) -> str:
 
 def route_table(rows: list[dict]) -> str:
     """Per (shape, T): the routing sequences as CUDA graphs, and what BASE adds to the dense
-    routing with the folded launch and with the unfolded selection; "by the rule" = route_wins."""
-    from base_sglang.kernels.select_experts import route_wins
+    routing with the folded launch, its two-launch form (split) and the unfolded selection;
+    "by the rule" = route_mode."""
+    from base_sglang.kernels.select_experts import route_mode
 
     experts = {"qwen3-30b-a3b": 128, "olmoe-1b-7b": 64, "mixtral-8x7b": 8}
     out = ["| shape | T | GEMM E µs | GEMM 2E µs | dense routing µs | folded + BASE µs | "
-           "dense routing + unfolded BASE µs | torch top-k µs | dense MoE µs | folded adds | "
-           "unfolded adds | by the rule | its share |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+           "two launches µs | dense routing + unfolded BASE µs | torch top-k µs | dense MoE µs | "
+           "folded adds | two launches add | unfolded adds | by the rule | its share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         if "folded_us" not in r:
             continue
-        fold = route_wins(r["T"], experts[r["shape"]])
-        f_add, u_add = r["folded_us"] - r["router_us"], r["unfolded_us"] - r["router_us"]
-        its = f_add if fold else u_add
+        mode = route_mode(r["T"], experts[r["shape"]])
+        adds = {"fold": r["folded_us"] - r["router_us"], "unfold": r["unfolded_us"] - r["router_us"]}
+        if "split_us" in r:
+            adds["split"] = r["split_us"] - r["router_us"]
+        split = f"{r['split_us']:.1f}" if "split_us" in r else "-"
+        split_add = f"{adds['split']:.1f}" if "split" in adds else "-"
+        its = adds.get(mode)
+        share = f"{its / r['dense_moe_us']:.1%}" if its is not None else "-"
+        name = {"fold": "folded", "split": "two launches", "unfold": "unfolded"}[mode]
         out.append(f"| {r['shape']} | {r['T']} | {r['gemm_us']:.1f} | {r['gemm2_us']:.1f} | "
-                   f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {r['unfolded_us']:.1f} | "
-                   f"{r['torch_topk_us']:.1f} | {r['dense_moe_us']:.1f} | {f_add:.1f} | "
-                   f"{u_add:.1f} | {'folded' if fold else 'unfolded'} | "
-                   f"{its / r['dense_moe_us']:.1%} |")
+                   f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {split} | {r['unfolded_us']:.1f} | "
+                   f"{r['torch_topk_us']:.1f} | {r['dense_moe_us']:.1f} | {adds['fold']:.1f} | "
+                   f"{split_add} | {adds['unfold']:.1f} | {name} | {share} |")
     return "\n".join(out)
 
 

@@ -6,6 +6,7 @@
     base_select_experts  base_sglang.core.select_experts' signature: base_fused_select or the two
                          launches, by shape (selection_kernel)
     base_route_select    the router's softmax top-k + BASE in one launch, from a folded router GEMM
+    base_route_split     the same in two launches (each program routes its own rows once)
     route_select_experts its Selection-returning front (core.routing on the CPU)
     moe_align            (token, expert) pairs grouped by expert into GEMM blocks, kept experts only
     moe_gemm             grouped expert GEMM over those blocks (gate/up + SiLU*up, or down)
@@ -30,6 +31,8 @@ _WHERE = {
     "base_route_select": "base_route",
     "route_select_experts": "select_experts",
     "route_wins": "select_experts",
+    "route_mode": "select_experts",
+    "base_route_split": "base_route_split",
     "selection_kernel": "select_experts",
     "moe_align": "moe_align",
     "moe_gemm": "moe_gemm",

@@ -19,8 +19,9 @@ errors.
 
 `route_select_experts` is the folded form (core/routing.py): the router's logits and the predictor's
 dot products from one stacked GEMM, the router's top-k and the selection in one launch
-(kernels/base_route.py); `route_wins` says where that launch is the faster one (the plugin's folded
-blocks run the router's top-k launch and base_select_experts elsewhere).
+(kernels/base_route.py) or two (kernels/base_route_split.py: each program routes its own rows
+once); `route_mode` says which of those, or the router's top-k launch followed by
+base_select_experts ("unfold"), the plugin's folded blocks run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
 from base_sglang.kernels.base_fused import base_fused_select
 from base_sglang.kernels.base_route import base_route_select
+from base_sglang.kernels.base_route_split import base_route_split
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
 from base_sglang.kernels.utils import is_interpreter
@@ -41,6 +43,7 @@ FUSED_MIN_E = 96
 # same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
+ROUTE_MODES = ("fold", "split", "unfold")
 
 
 def selection_kernel(T: int, E: int) -> str:
@@ -100,17 +103,24 @@ def base_select_experts(
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))
 
 
-def route_wins(T: int, E: int) -> bool:
-    """Whether the folded route-select launch beats the router's top-k + the unfolded selection for
-    T rows over E experts, as measured on the H200 (BENCHMARKS.md, "Folded router" and its seventh-
-    session update): at T <= 16, and at T <= 32 for E <= 64. BASE_ROUTE=fold|unfold overrides it
-    (benchmarks)."""
+def route_mode(T: int, E: int) -> str:
+    """How a folded block routes + selects T rows over E experts: "fold" (one route-select launch,
+    kernels/base_route.py), "split" (the same in two launches, kernels/base_route_split.py) or
+    "unfold" (the router's top-k launch, then base_select_experts), by what measured fastest on the
+    H200 (BENCHMARKS.md, "Folded router" and its seventh-session update): fold at T <= 16, and at
+    T <= 32 for E <= 64. BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
-        if forced not in ("fold", "unfold"):
-            raise ValueError(f"BASE_ROUTE: must be 'fold' or 'unfold', got {forced!r}")
-        return forced == "fold"
-    return T <= 16 or (E <= 64 and T <= 32)
+        if forced not in ROUTE_MODES:
+            raise ValueError(f"BASE_ROUTE: must be one of {', '.join(ROUTE_MODES)}, got {forced!r}")
+        return forced
+    return "fold" if T <= 16 or (E <= 64 and T <= 32) else "unfold"
+
+
+def route_wins(T: int, E: int) -> bool:
+    """Whether a folded block runs route_select_experts (fold or split) for T rows over E experts,
+    rather than the router's top-k launch + the unfolded selection (route_mode)."""
+    return route_mode(T, E) != "unfold"
 
 
 def route_foldable(config: SelectionConfig, layer_id: int, predictor: Predictor | None) -> bool:
@@ -133,7 +143,8 @@ def route_select_experts(
     norm_topk_prob: bool,
     ids_dtype: torch.dtype = torch.int32,
 ) -> Selection:
-    """The router's softmax top-k + BASE in one launch (kernels.base_route); CPU: core.routing."""
+    """The router's softmax top-k + BASE in one launch (kernels.base_route), or in two where
+    route_mode says "split" (kernels.base_route_split); CPU: core.routing."""
     from base_sglang.core.routing import route_select
 
     if not route_foldable(config, layer_id, predictor):
@@ -151,7 +162,9 @@ def route_select_experts(
     table = None
     if config.policy == "base_sched":
         table = predictor.layer_schedule(layer_id, logits.shape[0]).to(dev, torch.float32).contiguous()
-    ids, w, counts, removed = base_route_select(
+    split = route_mode(logits.shape[0], logits.shape[1]) == "split"
+    launch = base_route_split if split else base_route_select
+    ids, w, counts, removed = launch(
         logits, yhat, b, budget.contiguous(), top_k=top_k, renormalize=norm_topk_prob,
         backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
         alpha=config.renorm_alpha, table=table, ids_dtype=ids_dtype)

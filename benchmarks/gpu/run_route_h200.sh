@@ -8,6 +8,11 @@
 #            same tiles with it off, bitwise (ids, weights, counts), Qwen3 and OLMoE at T 1-64,
 #            budgets at, below and above the width        -> OUT/checks.json, compact.log (more than
 #            150 s on a fresh machine: 4 Qwen3 cells in 150 s, seventh session; give it a call)
+#   split    check_kernels_gpu.py --only split: the two-launch route-select (base_route_split) ==
+#            core.routing at three shapes, T 16/64/128, its tilings, == the one launch bitwise at
+#            the same tiling, repeat calls, a graph replay            -> OUT/checks.json, split.log
+#   splitsweep gpu/sweep_split.py: router / one launch / unfolded / two launches (each tiling)
+#            at T 8-128                                               -> OUT/sweep_split.json
 #   pytest   tests/kernels on CUDA (PYTEST_PATHS: other test paths)   -> OUT/pytest.log
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
@@ -40,6 +45,15 @@ for part in $PARTS; do
             timeout -k 10 ${COMPACT_S:-300} python3 benchmarks/check_kernels_gpu.py --only compact --out "$OUT" \
                 > "$OUT/compact.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/compact.log" | cut -c1-200 | tail -12 ;;
+        split) echo "=== two-launch route-select == core"
+            timeout -k 10 ${SPLIT_S:-200} python3 benchmarks/check_kernels_gpu.py --only split --out "$OUT" \
+                > "$OUT/split.log" 2>&1 || status=1
+            grep -E "FAIL|checks passed" "$OUT/split.log" | cut -c1-200 | tail -12 ;;
+        splitsweep) echo "=== two-launch route-select timing"
+            timeout -k 10 ${SPLITSWEEP_S:-200} python3 benchmarks/gpu/sweep_split.py --out "$OUT" \
+                --budget-s $(( ${SPLITSWEEP_S:-200} - 20 )) --tokens ${SPLIT_T:-8,16,32,64,128} \
+                > "$OUT/splitsweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/splitsweep.log" | cut -c1-200 | tail -14 ;;
         pytest) echo "=== tests/kernels on CUDA"
             (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-280} python3 -m pytest -q -rfE -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-"$ROOT/tests/kernels"} \
@@ -78,7 +92,7 @@ for part in $PARTS; do
             python3 benchmarks/gpu/ncu_summary.py "$OUT/ncu_source_sass.csv" "$OUT/ncu_details.txt" \
                 "$OUT/ncu_sass_summary.json" || status=1
             head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
-        *) echo "unknown part '$part' (check pytest select sweep profile ncu)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check compact split splitsweep pytest select sweep profile ncu)" >&2; exit 2 ;;
     esac
 done
 exit $status
