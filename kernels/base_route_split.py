@@ -170,9 +170,12 @@ def split_blocks(T: int, E: int, K: int) -> dict:
     BASE_ROUTE_SPLIT_TILES="block_t,warps1,warps2[,iter[,compact]]" overrides them (benchmark
     sweeps only)."""
     block_e = triton.next_power_of_2(E)
-    block_t = max(1, min(8, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
-    warps1 = warps2 = 4 if block_t * block_e <= 1024 else 8
-    it, compact = False, 32
+    # 4 rows and 4 warps per program, backfill on the full [4, BE] tile: the fastest at Qwen3 T = 8,
+    # 16 (one H200 sweep, eighth session: 10.8 / 10.9 us against 11.8 with 8 rows and the narrow
+    # backfill); at a tile this small the narrow path's reload costs more than it saves
+    block_t = max(1, min(4, triton.next_power_of_2(max(T, 1)), 2048 // block_e))
+    warps1 = warps2 = 4
+    it, compact = False, 0
     if "BASE_ROUTE_SPLIT_TILES" in os.environ:
         raw = os.environ["BASE_ROUTE_SPLIT_TILES"]
         try:

@@ -105,17 +105,23 @@ def main() -> int:
             cell.update(best_variant=best, best_us=timed.get(best), dense_us=dense_us,
                         split_share=(round(cell["split_adds_us"] / dense_us, 4) if dense_us else None))
             rows.append(cell)
+            write(args, rows)  # after every cell: a call cut short keeps what it measured
+            print("   ", " ".join(f"{k}={v}" for k, v in cell["variants"].items()), flush=True)
             share = f"{cell['split_share']:.1%}" if dense_us else "-"
             print(f"{shape:14} {T:>4} {cell['router_us']:>7.1f} {cell['fold_us']:>7.1f} "
                   f"{cell['unfold_us']:>7.1f} {cell['split_us']:>7.1f} {best or '-':>12} "
                   f"{timed.get(best, float('nan')):>7.1f} {dense_us or float('nan'):>7.1f} {share:>6}",
                   flush=True)
+    write(args, rows)
+    return 0
+
+
+def write(args, rows: list[dict]) -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sweep_split.json"), "w") as fh:
         json.dump(dict(provenance(dict(policy=DEFAULT_POLICY, shapes=args.shapes,
                                        tokens=args.tokens, variants=SPLIT_VARIANTS)), rows=rows),
                   fh, indent=1)
-    return 0
 
 
 if __name__ == "__main__":
