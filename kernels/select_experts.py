@@ -44,6 +44,7 @@ FUSED_MIN_E = 96
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
 ROUTE_MODES = ("fold", "split", "unfold")
+SPLIT_MAX_T = 128  # the largest decode batch the two-launch route-select was timed at (H200)
 
 
 def selection_kernel(T: int, E: int) -> str:
@@ -107,14 +108,19 @@ def route_mode(T: int, E: int) -> str:
     """How a folded block routes + selects T rows over E experts: "fold" (one route-select launch,
     kernels/base_route.py), "split" (the same in two launches, kernels/base_route_split.py) or
     "unfold" (the router's top-k launch, then base_select_experts), by what measured fastest on the
-    H200 (BENCHMARKS.md, "Folded router" and its seventh-session update): fold at T <= 16, and at
-    T <= 32 for E <= 64. BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
+    H200 (BENCHMARKS.md, "Two launches for the folded route-select", eighth session): fold at T < 8
+    (one program: a second launch is pure overhead; T = 1 7.5 against 8.1 us), split at 8 <= T <=
+    SPLIT_MAX_T (Qwen3 T = 16: 11.0 against 13.4 us folded, T = 64: 11.3 against 25.5 / 26.5
+    folded / unfolded; T = 128: 11.8 against 35.1 unfolded), unfold above (not measured there).
+    BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
         if forced not in ROUTE_MODES:
             raise ValueError(f"BASE_ROUTE: must be one of {', '.join(ROUTE_MODES)}, got {forced!r}")
         return forced
-    return "fold" if T <= 16 or (E <= 64 and T <= 32) else "unfold"
+    if T < 8:
+        return "fold"
+    return "split" if T <= SPLIT_MAX_T else "unfold"
 
 
 def route_wins(T: int, E: int) -> bool:

@@ -3,8 +3,9 @@
 A block that runs `router_logits, _ = self.gate(x); self.topk(x, router_logits)` (Qwen2/3-MoE,
 OLMoE, Mixtral) gets the predictor's rows stacked under its gate's ([2E, H], core.routing), so the
 gate returns [T, 2E]: the logits, then z . a_e. The TopK hook (hooks.around_topk) splits them: in
-BASE decode steps the router's top-k and the selection run from them (kernels.route_select_experts
-where it is the faster launch, else our top-k launch and the unfolded selection); elsewhere SGLang's
+BASE decode steps the router's top-k and the selection run from them (kernels.route_select_experts,
+in one launch or two as kernels.route_mode says, or, past the batch sizes those were timed at, our
+top-k launch and the unfolded selection); elsewhere SGLang's
 own top-k gets the first E columns. A block is folded only when nothing else reads the gate's output
 and SGLang's top-k would be a plain softmax top-k; `fold_gates` says why it left a block alone.
 """
@@ -113,7 +114,7 @@ def folded_topk(st, topk, hidden_states, logits, yhat):
     else:
         from base_sglang.kernels import base_route_select, route_select_experts, route_wins
 
-        if route_wins(n, E):  # one launch: top-k + selection
+        if route_wins(n, E):  # top-k + selection from the folded GEMM, in one launch or two
             sel = route_select_experts(logits, yhat, budget, layer, st.selection, st.predictor,
                                        top_k=k, norm_topk_prob=renorm)
         else:  # our top-k launch (reads the strided logits), then the unfolded selection

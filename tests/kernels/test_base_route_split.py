@@ -133,7 +133,10 @@ def test_bad_tile_override_names_the_variable(tiles, split):
 
 def test_route_mode_override(monkeypatch):
     monkeypatch.delenv("BASE_ROUTE", raising=False)
-    assert route_mode(16, 128) == "fold" and route_wins(16, 128)
+    # the measured rule: one launch below 8 rows, two up to SPLIT_MAX_T, the unfolded path above
+    assert [route_mode(T, 128) for T in (1, 7, 8, 64, 128, 129)] == \
+        ["fold", "fold", "split", "split", "split", "unfold"]
+    assert route_wins(16, 64) and not route_wins(256, 64)
     for mode in ("fold", "split", "unfold"):
         monkeypatch.setenv("BASE_ROUTE", mode)
         assert route_mode(64, 128) == mode and route_wins(64, 128) == (mode != "unfold")
