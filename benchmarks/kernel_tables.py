@@ -176,16 +176,36 @@ def sweep_table(paths: list[str]) -> str:
     return "\n".join(out)
 
 
+def split_table(paths: list[str]) -> str:
+    """gpu/sweep_split.py cells: router, one launch, unfolded, two launches (default tiling and each
+    variant of BASE_ROUTE_SPLIT_TILES = rows per program, warps 1, warps 2[, iter, narrow width])."""
+    cells = []
+    for path in paths:
+        with open(path) as f:
+            cells += json.load(f)["rows"]
+    names = list(dict.fromkeys(v for c in cells for v in c["variants"]))
+    out = ["| shape | T | dense routing µs | one launch µs | unfolded µs | two launches µs (default "
+           "tiling) | " + " | ".join(names) + " |",
+           "|---|---:|---:|---:|---:|---|" + "---:|" * len(names)]
+    for c in cells:
+        vs = [c["variants"].get(n) for n in names]
+        cols = [f"{v:.1f}" if isinstance(v, float) else ("error" if v else "-") for v in vs]
+        out.append(f"| {c['shape']} | {c['T']} | {c['router_us']:.1f} | {c['fold_us']:.1f} | "
+                   f"{c['unfold_us']:.1f} | {c['split_us']:.1f} ({c['split_default']}) | "
+                   + " | ".join(cols) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
-                                     "hook", "sweep"))
+                                     "hook", "sweep", "split", "split_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
-                    "(sweep: sweep_moe.json files)", nargs="+")
+                    "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
     kind = args.kind
-    if kind == "sweep":
-        print(sweep_table(args.folder))
+    if kind in ("sweep", "split"):
+        print((sweep_table if kind == "sweep" else split_table)(args.folder))
         return 0
     args.folder = args.folder[0]
     if kind == "fold":
@@ -193,6 +213,9 @@ def main() -> int:
         return 0
     if kind == "hook":
         print(hook_table(args.folder))
+        return 0
+    if kind == "split_e2e":  # BASE_ROUTE=split (the default at 8-128 rows) against unfold
+        print(fold_table(args.folder, "e2e_split", "e2e_unfold", ("two launches", "unfolded")))
         return 0
     if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
         print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))

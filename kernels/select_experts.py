@@ -31,6 +31,7 @@ import os
 import torch
 
 from base_sglang.core import Predictor, Selection, SelectionConfig, SelectionStats, select_experts
+from base_sglang.kernels import ROUTE_MODES, SELECT_KERNELS
 from base_sglang.kernels.base_fused import base_fused_select
 from base_sglang.kernels.base_route import base_route_select
 from base_sglang.kernels.base_route_split import base_route_split
@@ -43,7 +44,6 @@ FUSED_MIN_E = 96
 # same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
-ROUTE_MODES = ("fold", "split", "unfold")
 SPLIT_MAX_T = 128  # the largest decode batch the two-launch route-select was timed at (H200)
 
 
@@ -51,7 +51,7 @@ def selection_kernel(T: int, E: int) -> str:
     """"fused" or "two" for a batch of T rows over E experts (BASE_SELECT_KERNEL overrides)."""
     forced = os.environ.get("BASE_SELECT_KERNEL", "")
     if forced:
-        if forced not in ("fused", "two"):
+        if forced not in SELECT_KERNELS:
             raise ValueError(f"BASE_SELECT_KERNEL: must be 'fused' or 'two', got {forced!r}")
         return forced
     return "fused" if T <= FUSED_MAX_T and E >= FUSED_MIN_E else "two"

@@ -11,6 +11,9 @@
                          16 rows on a GPU with tuned tiles for its shape runs our fused_moe:
                          plugin/moe.py) or "sglang" (SGLang's Triton MoE always)
     BASE_STATS_INTERVAL  log mean experts executed per MoE layer every N decode steps (0: never)
+    BASE_ROUTE, BASE_SELECT_KERNEL  benchmark overrides of the kernels' dispatch (kernels/
+                         select_experts.py), read at call time; checked here so that a bad value
+                         stops startup naming the variable
 The names match base-serve's settings, so `base-serve --backend sglang` hands them down unchanged.
 """
 
@@ -54,6 +57,12 @@ class PluginConfig:
         fold = env.get("BASE_FOLD", "auto").strip().lower()
         if fold not in ("auto", "off", "on", "0", "1"):
             raise ValueError(f"BASE_FOLD: must be auto or off, got {fold!r}")
+        from base_sglang.kernels import ROUTE_MODES, SELECT_KERNELS  # (no Triton import)
+
+        for name, allowed in (("BASE_ROUTE", ROUTE_MODES), ("BASE_SELECT_KERNEL", SELECT_KERNELS)):
+            value = env.get(name, "")
+            if value and value not in allowed:
+                raise ValueError(f"{name}: must be one of {', '.join(allowed)} (or unset), got {value!r}")
         interval = env.get("BASE_STATS_INTERVAL", "200").strip()
         if not interval.isdigit():
             raise ValueError(f"BASE_STATS_INTERVAL: must be an integer >= 0, got {interval!r}")

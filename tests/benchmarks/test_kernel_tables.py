@@ -74,3 +74,33 @@ def test_hook_table(tmp_path):
     assert lines[0] == "| qwen3-30b-a3b | 16 | 7 | ours (ours) | 2.3e-03 | 2.5e-03 | True | True | True |"
     assert "not run: AssertionError: no TP group | True | False | False |" in lines[1]
     assert lines[2].startswith("| olmoe-1b-7b | 17 | - | not run: RuntimeError: boom |")
+
+
+def _route_row(shape, T, router, folded, split, unfolded, dense):
+    return dict(shape=shape, T=T, gemm_us=5.0, gemm2_us=5.5, router_us=router, folded_us=folded,
+                split_us=split, unfolded_us=unfolded, torch_topk_us=20.0, dense_moe_us=dense)
+
+
+def test_route_table_takes_the_share_of_the_launch_the_rule_picks(tmp_path, monkeypatch):
+    monkeypatch.delenv("BASE_ROUTE", raising=False)
+    rows = [_route_row("qwen3-30b-a3b", 1, 6.0, 7.0, 8.0, 13.0, 25.0),  # < 8 rows: one launch
+            _route_row("qwen3-30b-a3b", 64, 8.0, 25.0, 11.0, 26.0, 150.0),  # two launches
+            _route_row("olmoe-1b-7b", 256, 8.0, 40.0, 12.0, 30.0, 200.0)]  # past SPLIT_MAX_T
+    (tmp_path / "base_select.json").write_text(json.dumps({"rows": rows}))
+    out = _run("route", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith(("| qwen3", "| olmoe"))]
+    assert lines[0].endswith("| 1.0 | 2.0 | 7.0 | folded | 4.0% |")
+    assert lines[1].endswith("| 17.0 | 3.0 | 18.0 | two launches | 2.0% |")
+    assert lines[2].endswith("| 32.0 | 4.0 | 22.0 | unfolded | 11.0% |")
+
+
+def test_split_sweep_table(tmp_path):
+    cell = dict(shape="qwen3-30b-a3b", T=16, router_us=8.0, fold_us=13.4, unfold_us=14.0,
+                split_us=11.0, split_default="4,4,4", variants={"4,4,4,0,0": 10.9, "2,2,2": "error: x"})
+    path = tmp_path / "sweep_split.json"
+    path.write_text(json.dumps({"rows": [cell]}))
+    out = _run("split", str(path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2] == ("| qwen3-30b-a3b | 16 | 8.0 | 13.4 | 14.0 | 11.0 (4,4,4) | "
+                                          "10.9 | error |")

@@ -92,6 +92,11 @@ def test_fold_setting():
     assert PluginConfig.from_env({"BASE_MOE": " SGLang "}).moe == "sglang"
     with pytest.raises(ValueError, match="BASE_MOE"):
         PluginConfig.from_env({"BASE_MOE": "ours"})
+    assert PluginConfig.from_env({"BASE_ROUTE": "split", "BASE_SELECT_KERNEL": "two"}).fold is True
+    with pytest.raises(ValueError, match="BASE_ROUTE"):
+        PluginConfig.from_env({"BASE_ROUTE": "two"})
+    with pytest.raises(ValueError, match="BASE_SELECT_KERNEL"):
+        PluginConfig.from_env({"BASE_SELECT_KERNEL": "split"})
 
 
 def test_weight_updates_load_the_router_half(base_state):
