@@ -1,7 +1,9 @@
 """SASS instruction counts of the route-select launch for sm_90, compiled here without a GPU (issue 12).
 
     python benchmarks/sass_count.py [--shape qwen3-30b-a3b] [--tokens 16] [--tiles 8,16,0,0 8,16,0,1]
-        [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
+        [--split] [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
+--split counts the two launches of kernels/base_route_split.py instead (--tiles are then
+BASE_ROUTE_SPLIT_TILES variants): each launch's static instructions and longest path, and their sum.
 Compiles kernels/base_route.py's kernel with Triton for an H100/H200 target (ptxas and cuobjdump
 ship with Triton's wheel) at the constants and integer specialisations a real call gets, and
 prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row,
@@ -36,12 +38,18 @@ from kernel_common import SHAPES  # noqa: E402
 
 from base_sglang.kernels.base_fused import ID_BITS, SENTINEL  # noqa: E402
 from base_sglang.kernels.base_route import _base_route_kernel, _top_of_s, route_blocks  # noqa: E402
+from base_sglang.kernels.base_route_split import (  # noqa: E402
+    _split_route_kernel,
+    _split_select_kernel,
+    split_blocks,
+)
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr="*i64",
                  table_ptr="*fp32", out_ids_ptr="*i32", out_w_ptr="*fp32", counts_ptr="*i64",
                  removed_ptr="*fp32", ws_ptr="*fp32", T="i32", stride_l="i32", stride_y="i32",
-                 alpha="fp32")
+                 alpha="fp32", part_ptr="*fp32", bits_ptr="*i32", rows_ptr="*fp32", kth_ptr="*i64",
+                 pk_ptr="*fp32")
 
 
 def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
@@ -159,6 +167,36 @@ def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
     return r
 
 
+def split_sass(shape: str, T: int, tiles: str | None = None) -> dict:
+    """The two launches of base_route_split for one shape and T (as route_sass: budget select,
+    base_plus weights, bf16 logits): instructions and longest path of each, and the summed path."""
+    s = SHAPES[shape]
+    E, K = s["E"], s["K"]
+    if tiles:
+        os.environ["BASE_ROUTE_SPLIT_TILES"] = tiles
+    try:
+        cfg = split_blocks(T, E, K)
+    finally:
+        os.environ.pop("BASE_ROUTE_SPLIT_TILES", None)
+    common = dict(E=E, K=K, BLOCK_E=cfg["BLOCK_E"], BLOCK_KK=cfg["BLOCK_KK"], BLOCK_T=cfg["BLOCK_T"],
+                  RENORM=s["norm_topk_prob"], KEY32=True, ITER=cfg["ITER"], USE_PDL=True,
+                  ID_BITS=ID_BITS, SENT=-(1 << 31))
+    r1 = compile_sm90(_split_route_kernel, common, dict(T=T, stride_l=2 * E, stride_y=2 * E),
+                      cfg["warps1"])
+    r2 = compile_sm90(_split_select_kernel,
+                      dict(common, N_CHUNKS=cfg["N_CHUNKS"], BLOCK_B=cfg["BLOCK_B"], BACKFILL=True,
+                           COMBINE=2 if s["norm_topk_prob"] else 1, HAS_TABLE=False, SCRATCH=True,
+                           COMPACT=cfg["COMPACT"], SLOT_R=cfg["SLOT_R"]),
+                      dict(T=T, stride_l=2 * E), cfg["warps2"])
+    p1, p2 = longest_path(r1["lined"]), longest_path(r2["lined"])
+    return dict(instructions=r1["instructions"] + r2["instructions"], path=p1 + p2,
+                route_instructions=r1["instructions"], route_path=p1, route_registers=r1["registers"],
+                select_instructions=r2["instructions"], select_path=p2,
+                select_registers=r2["registers"], stack=max(r1["stack"], r2["stack"]),
+                registers=max(r1["registers"], r2["registers"]),
+                opcodes=r1["opcodes"] + r2["opcodes"])
+
+
 def backfill_lines() -> tuple:
     """Source lines of the two backfill top-ks: the narrow tile of S's columns (_top_of_s's body)
     and the full tile masked to S, as nvdisasm's line info names them."""
@@ -176,6 +214,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[16])
     ap.add_argument("--tiles", nargs="*", default=[None],
                     help="BASE_ROUTE_TILES variants (default: the shipped route_blocks)")
+    ap.add_argument("--split", action="store_true",
+                    help="the two launches of base_route_split (--tiles: BASE_ROUTE_SPLIT_TILES)")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -185,6 +225,13 @@ def main() -> int:
     rows = []
     for T in args.tokens:
         for tiles in args.tiles:
+            if args.split:
+                r = split_sass(args.shape, T, tiles)
+                rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items() if k != "opcodes"}))
+                print(f"T={T:<3} split tiles {tiles or 'default':12} route {r['route_instructions']:5} "
+                      f"path {r['route_path']:5} | select {r['select_instructions']:5} path "
+                      f"{r['select_path']:5} | path sum {r['path']:5}  stack {r['stack']}")
+                continue
             r = route_sass(args.shape, T, tiles)
             rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items()
                                                   if k not in ("opcodes", "sass", "lined")}))
