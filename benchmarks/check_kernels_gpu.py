@@ -481,6 +481,20 @@ def route_diff(logits, yhat, bud, cfg, pred, K: int, norm: bool):
     return ok, diff, int((ref.ids != got.ids.long()).any(1).sum())
 
 
+def route_cases(logits, yhat, pred, K: int, norm: bool, settings) -> tuple[list, float]:
+    """route_diff over every budget kind x (policy, backfill) setting: (failures, worst weight diff)."""
+    T, E = logits.shape
+    bad, worst = [], 0.0
+    for bname, bud in budgets(T, E, K).items():
+        for policy, backfill in settings:
+            cfg = SelectionConfig(policy=policy, backfill=backfill)
+            ok, diff, rows = route_diff(logits, yhat, bud, cfg, pred, K, norm)
+            worst = max(worst, diff)
+            if not ok:
+                bad.append((bname, policy, backfill, rows))
+    return bad, worst
+
+
 def check_route() -> None:
     from base_sglang.kernels import route_select_experts
 
@@ -490,16 +504,8 @@ def check_route() -> None:
             w2, z, pred = route_case(shape, T, seed=T)
             scores = z @ w2.T  # [T, 2E] bf16, one GEMM
             logits, yhat = scores[:, :E], scores[:, E:]
-            bad, worst = [], 0.0
-            for bname, bud in budgets(T, E, K).items():
-                for policy in ("base", "base_plus"):
-                    for backfill in (True, False):
-                        cfg = SelectionConfig(policy=policy, backfill=backfill)
-                        ok, diff, rows = route_diff(logits, yhat, bud, cfg, pred, K,
-                                                    s["norm_topk_prob"])
-                        worst = max(worst, diff)
-                        if not ok:
-                            bad.append((bname, policy, backfill, rows))
+            settings = [(p, bf) for p in ("base", "base_plus") for bf in (True, False)]
+            bad, worst = route_cases(logits, yhat, pred, K, s["norm_topk_prob"], settings)
             record(f"route/{shape}/T={T}", not bad, cases=5 * 4, max_w_diff=worst, failures=bad[:4])
             cfg = SelectionConfig(policy="base_plus")
             bud = budgets(T, E, K)["mixed"]
@@ -599,14 +605,8 @@ def check_route_split() -> None:
                 w2, z, pred = route_case(shape, T, seed=T + 300)
                 scores = z @ w2.T
                 logits, yhat = scores[:, :E], scores[:, E:]
-                bad, worst = [], 0.0
-                for bname, bud in budgets(T, E, K).items():
-                    for policy, backfill in (("base_plus", True), ("base", True), ("base_plus", False)):
-                        cfg = SelectionConfig(policy=policy, backfill=backfill)
-                        ok, diff, rows = route_diff(logits, yhat, bud, cfg, pred, K, norm)
-                        worst = max(worst, diff)
-                        if not ok:
-                            bad.append((bname, policy, backfill, rows))
+                settings = [("base_plus", True), ("base", True), ("base_plus", False)]
+                bad, worst = route_cases(logits, yhat, pred, K, norm, settings)
                 record(f"split/{shape}/T={T}", not bad, cases=5 * 3, max_w_diff=worst, failures=bad[:4])
                 cfg = SelectionConfig(policy="base_plus")
                 bud = budgets(T, E, K)["mixed"]

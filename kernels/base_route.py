@@ -410,6 +410,33 @@ def route_blocks(T: int, E: int, K: int) -> dict:
                 SLOT_R=slot_order(block_t, block_e, K, num_warps), num_warps=num_warps)
 
 
+def route_outputs(logits, yhat, b, budget, K: int, ids_dtype, combine: str, alpha: float, table,
+                  select: bool) -> tuple:
+    """Check a route-select call's inputs (each error names its field) and allocate its outputs:
+    (ids [T, K] ids_dtype, weights [T, K] fp32, counts [2] int64, removed [1] fp32), uninitialised.
+    Shared by base_route_select and base_route_split (select: yhat, b, combine, table are used)."""
+    T, E = logits.shape
+    dev = logits.device
+    check(logits.dtype in FLOAT_DTYPES and logits.stride(1) == 1,
+          f"logits: needs a float dtype and unit column stride, got {logits.dtype} {logits.stride()}")
+    check(1 <= K <= E and E < (1 << ID_BITS), f"top_k: must be in [1, E={E}], got {K}")
+    check(ids_dtype in ID_DTYPES, f"ids_dtype: expected one of {ID_DTYPES}, got {ids_dtype}")
+    check_tensor("budget", budget, (T,), ID_DTYPES, dev)
+    if select:
+        check(yhat is not None and yhat.dim() == 2 and tuple(yhat.shape) == (T, E)
+              and yhat.dtype in FLOAT_DTYPES and yhat.stride(1) == 1 and yhat.device == dev,
+              f"yhat: expected [{T}, {E}] float with unit column stride on {dev}, got "
+              f"{None if yhat is None else (tuple(yhat.shape), yhat.dtype, yhat.stride(), yhat.device)}")
+        check(b is not None, "b: the predictor bias is required with yhat")
+        check_tensor("b", b, (E,), FLOAT_DTYPES, dev)
+        check_combine(combine, alpha)
+        check_table(table, E, dev)
+    return (torch.empty(T, K, dtype=ids_dtype, device=dev),
+            torch.empty(T, K, dtype=torch.float32, device=dev),
+            torch.empty(2, dtype=torch.int64, device=dev),
+            torch.empty(1, dtype=torch.float32, device=dev))
+
+
 def base_route_select(
     logits: torch.Tensor,  # [T, E] float, unit column stride (the folded GEMM's first E columns)
     yhat: torch.Tensor | None,  # [T, E] float a.z, unit column stride (its next E columns); None: top-k only
@@ -434,25 +461,9 @@ def base_route_select(
     T, E = logits.shape
     dev = logits.device
     K = int(top_k)
-    check(logits.dtype in FLOAT_DTYPES and logits.stride(1) == 1,
-          f"logits: needs a float dtype and unit column stride, got {logits.dtype} {logits.stride()}")
-    check(1 <= K <= E and E < (1 << ID_BITS), f"top_k: must be in [1, E={E}], got {K}")
-    check(ids_dtype in ID_DTYPES, f"ids_dtype: expected one of {ID_DTYPES}, got {ids_dtype}")
-    check_tensor("budget", budget, (T,), ID_DTYPES, dev)
     select = yhat is not None
-    if select:
-        check(yhat.dim() == 2 and tuple(yhat.shape) == (T, E) and yhat.dtype in FLOAT_DTYPES
-              and yhat.stride(1) == 1 and yhat.device == dev,
-              f"yhat: expected [{T}, {E}] float with unit column stride on {dev}, got "
-              f"{tuple(yhat.shape)} {yhat.dtype} {yhat.stride()} on {yhat.device}")
-        check(b is not None, "b: the predictor bias is required with yhat")
-        check_tensor("b", b, (E,), FLOAT_DTYPES, dev)
-        check_combine(combine, alpha)
-        check_table(table, E, dev)
-    out_ids = torch.empty(T, K, dtype=ids_dtype, device=dev)
-    out_w = torch.empty(T, K, dtype=torch.float32, device=dev)
-    counts = torch.empty(2, dtype=torch.int64, device=dev)
-    removed = torch.empty(1, dtype=torch.float32, device=dev)
+    out_ids, out_w, counts, removed = route_outputs(logits, yhat, b, budget, K, ids_dtype, combine,
+                                                    alpha, table, select)
     if T == 0:
         return out_ids, out_w, counts.zero_(), removed.zero_()
     cfg = route_blocks(T, E, K)

@@ -38,14 +38,11 @@ from base_sglang.kernels.base_route import (
     _union_of,
     _unkey,
     compact_width,
+    route_outputs,
     slot_order,
 )
-from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget, check_combine, check_table
+from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget
 from base_sglang.kernels.utils import (
-    FLOAT_DTYPES,
-    ID_DTYPES,
-    check,
-    check_tensor,
     launch_kwargs,
     use_pdl,
 )
@@ -220,23 +217,8 @@ def base_route_split(
     T, E = logits.shape
     dev = logits.device
     K = int(top_k)
-    check(logits.dtype in FLOAT_DTYPES and logits.stride(1) == 1,
-          f"logits: needs a float dtype and unit column stride, got {logits.dtype} {logits.stride()}")
-    check(1 <= K <= E and E < (1 << ID_BITS), f"top_k: must be in [1, E={E}], got {K}")
-    check(ids_dtype in ID_DTYPES, f"ids_dtype: expected one of {ID_DTYPES}, got {ids_dtype}")
-    check_tensor("budget", budget, (T,), ID_DTYPES, dev)
-    check(yhat is not None and yhat.dim() == 2 and tuple(yhat.shape) == (T, E)
-          and yhat.dtype in FLOAT_DTYPES and yhat.stride(1) == 1 and yhat.device == dev,
-          f"yhat: expected [{T}, {E}] float with unit column stride on {dev}, got "
-          f"{None if yhat is None else (tuple(yhat.shape), yhat.dtype, yhat.stride(), yhat.device)}")
-    check(b is not None, "b: the predictor bias is required with yhat")
-    check_tensor("b", b, (E,), FLOAT_DTYPES, dev)
-    check_combine(combine, alpha)
-    check_table(table, E, dev)
-    out_ids = torch.empty(T, K, dtype=ids_dtype, device=dev)
-    out_w = torch.empty(T, K, dtype=torch.float32, device=dev)
-    counts = torch.empty(2, dtype=torch.int64, device=dev)
-    removed = torch.empty(1, dtype=torch.float32, device=dev)
+    out_ids, out_w, counts, removed = route_outputs(logits, yhat, b, budget, K, ids_dtype, combine,
+                                                    alpha, table, select=True)
     if T == 0:
         return out_ids, out_w, counts.zero_(), removed.zero_()
     cfg = split_blocks(T, E, K)
