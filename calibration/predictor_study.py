@@ -20,6 +20,14 @@ per routed slot:
   neuronR_only   f = [log ||P_S(z)||]             (yhat = a_u log ||P_S|| + b_u)
   nenergyR       f = [z, log Q_S(z)]              Q_S = sum_{j in S_u} h_j^2 ||d_j||^2 (no down product)
   nenergyR_only  f = [log Q_S(z)]
+Options with a rank-R sketch W ~ A_R B_R of each expert's stacked [W_g; W_u] (calibration/expert_sketch.py;
+h~ = act(A_R B_R z) split into gate and up halves, Q~ = sum_j h~_j^2 ||d_j||^2), per routed slot:
+  sketchR        f = [z, log Q~(z)]               A_R B_R = truncated SVD of [W_g; W_u]
+  sketchR_only   f = [log Q~(z)]                  (yhat = a_u log Q~ + b_u)
+  sketchoR       f = [z, log ||W_d h~(z)||]       (the full down product; sketchoR_only likewise)
+  sketchdR       f = [z, log Q~(z)]               A_R B_R = the top-R directions of the expert's
+                                                  pre-activations on its fit rows (sketchdR_only,
+                                                  sketchdoR likewise)
 Options with a TRAINED shared projection (calibration/mlp_predictor.py: full-batch Adam from the ridge fit,
 step count chosen on a validation slice of the fit windows, then refitted on all fit windows):
   mlpR      f = [z, silu(P z + q)]             P [R, H], q [R] shared by the layer, heads [a_u, c_u, b_u]
@@ -46,6 +54,7 @@ import torch
 
 from base_sglang.calibration.collect import LOG_EPS, capture, routed_outputs, run_forward
 from base_sglang.calibration.config import CalibrationConfig, run_cli
+from base_sglang.calibration.expert_sketch import sketch_factors, sketch_features
 from base_sglang.calibration.fit import spearman, top_m_mask
 from base_sglang.calibration.mlp_predictor import MLPConfig, fit_mlp, mlp_features
 from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
@@ -60,6 +69,26 @@ def neuron_spec(option: str) -> tuple[str, int, bool] | None:
     """(kind "neuron" | "nenergy", r, only) of a neuron option, None for the others."""
     m = re.fullmatch(r"(neuron|nenergy)(\d+)(_only)?", option)
     return (m.group(1), int(m.group(2)), bool(m.group(3))) if m else None
+
+
+def sketch_spec(option: str) -> tuple[str, str, int, bool] | None:
+    """(method "svd" | "data", form "energy" | "out", r, only) of a sketch option, None for the others."""
+    m = re.fullmatch(r"sketch(d?)(o?)(\d+)(_only)?", option)
+    if m is None:
+        return None
+    if int(m.group(3)) < 1:
+        raise ValueError(f"options: {option} needs a sketch rank R >= 1")
+    return ("data" if m.group(1) else "svd", "out" if m.group(2) else "energy", int(m.group(3)),
+            bool(m.group(4)))
+
+
+def column_spec(option: str) -> tuple[tuple, bool] | None:
+    """(key of the option's per-slot column, only) of a neuron or sketch option, None for the others."""
+    spec = neuron_spec(option)
+    if spec is not None:
+        return spec[:2], spec[2]
+    spec = sketch_spec(option)
+    return (spec[:3], spec[3]) if spec is not None else None
 
 
 def mlp_spec(option: str) -> tuple[int, str] | None:
@@ -96,9 +125,9 @@ def features(option: str, z: torch.Tensor, logits: torch.Tensor, proj: torch.Ten
     """f(z) [T, F] for one option (a neuron option's per-slot column is passed to ridge separately).
     z [T, H], logits [T, E]."""
     z = z.float()
-    spec = neuron_spec(option)
+    spec = column_spec(option)
     if spec is not None:
-        return z[:, :0] if spec[2] else z
+        return z[:, :0] if spec[1] else z
     if option == "linear" or option in SAMPLE_WEIGHTED:
         return z
     if option == "router":
@@ -121,6 +150,9 @@ def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> d
     ridge; bytes are a bf16 copy of those rows per expert. expert_bytes_fraction = neuron bytes per
     expert / one expert's bytes (3IH); a kernel that gathers the rows from the resident expert weights
     stores nothing extra but still reads that fraction of every expert the batch touches.
+    Sketch options cost per routed slot rH + 2Ir (s = B z, then A s) + I (the energy sum, with
+    ||d_j||^2 stored; sketchoR: HI for W_d h~ instead) plus the ridge; bytes are A, B and ||d_j||^2
+    (sketchoR: W_d) per expert, and expert_bytes_fraction is those over 3IH.
     """
     ms = mlp_spec(option)
     if ms is not None:  # shared P [R, D] (+ q) once per token; per slot a dot product with the head
@@ -129,6 +161,16 @@ def serving_cost(option: str, H: int, E: int, K: int, I: int | None = None) -> d
         head = R + (0 if var == "only" else H)
         return {"features": head, "macs_per_token": R * D + K * head,
                 "bytes_per_layer": 2 * (R * D + R + E * (head + 1))}
+    sk = sketch_spec(option)
+    if sk is not None:
+        if I is None:
+            raise ValueError(f"options: {option} needs the expert intermediate size")
+        _, form, r, only = sk
+        sketch = r * H + 2 * I * r + (H * I if form == "out" else I)  # per slot MACs = weights
+        lin = 2 if only else H + 2  # ridge weights (z part, the sketch column, bias)
+        return {"features": lin - 1, "macs_per_token": K * (sketch + lin - 1),
+                "bytes_per_layer": 2 * E * (sketch + lin),
+                "expert_bytes_fraction": round(sketch / (3 * I * H), 5)}
     spec = neuron_spec(option)
     if spec is not None:
         if I is None:
@@ -292,10 +334,12 @@ def run(args) -> int:
 
     options = [o.strip() for o in args.options.split(",") if o.strip()]
     for o in options:
-        if o not in OPTIONS and neuron_spec(o) is None and mlp_spec(o) is None:
+        if o not in OPTIONS and column_spec(o) is None and mlp_spec(o) is None:
             raise ValueError(f"options: unknown option {o!r}; choose from {OPTIONS} or "
                              f"neuronR / neuronR_only / nenergyR / nenergyR_only (R neurons) or "
-                             f"mlpR / mlpR_only / mlpR_rl (trained rank-R projection)")
+                             f"mlpR / mlpR_only / mlpR_rl (trained rank-R projection) or "
+                             f"sketchR / sketchR_only / sketchoR / sketchdR / sketchdoR (+ _only) "
+                             f"(rank-R sketch of the expert)")
     t0 = time.time()
     model, tok = load_model(args.model, "cpu", "float32")
     blocks = find_moe_blocks(model, require=True)
@@ -306,6 +350,11 @@ def run(args) -> int:
     if r_max > I:
         raise ValueError(f"options: neuron options need R <= the expert intermediate size {I}, "
                          f"got {r_max}")
+    sketch_keys = sorted({sketch_spec(o)[:3] for o in options if sketch_spec(o)})  # (method, form, r)
+    r_sketch = max([k[2] for k in sketch_keys] or [0])
+    if r_sketch > min(2 * I, H):
+        raise ValueError(f"options: sketch options need R <= min(2I, H) = {min(2 * I, H)}, "
+                         f"got {r_sketch}")
     cfg = CalibrationConfig(num_seqs=args.num_seqs, seq_len=args.seq_len,
                             heldout_every=args.heldout_every)
     mlp_cfg = MLPConfig(max_steps=args.mlp_steps, weight_decay=args.mlp_weight_decay)
@@ -326,7 +375,7 @@ def run(args) -> int:
         pcs = torch.linalg.svd(centred, full_matrices=False).Vh  # [H, H] principal directions
         result["layers"][str(j)] = {}
         hz, hlg, hw, hids, hn = held[j]
-        neuron_cols = {}  # (kind, r) -> (fit column [T*K, 1], held column [T', K, 1])
+        neuron_cols = {}  # column key -> (fit column [T*K, 1], held column [T', K, 1])
         if r_max:
             ex = blocks[j].experts
             gu, dn, act = ex.gate_up_proj.detach(), ex.down_proj.detach(), ex.act_fn
@@ -336,6 +385,16 @@ def run(args) -> int:
                 hp, hq = neuron_features(hz, hids, gu, dn, sel[:, :r], act)
                 neuron_cols[("neuron", r)] = (fp.reshape(-1, 1), hp[..., None])
                 neuron_cols[("nenergy", r)] = (fq.reshape(-1, 1), hq[..., None])
+        for method, r in sorted({(k[0], k[2]) for k in sketch_keys}):  # one factorisation each
+            ex = blocks[j].experts
+            gu, dn, act = ex.gate_up_proj.detach(), ex.down_proj.detach(), ex.act_fn
+            fa, fb = sketch_factors(gu, r, method, z, ids)  # [E, 2I, r], [E, r, H]
+            out = (method, "out", r) in sketch_keys
+            fq, fo = sketch_features(z, ids, fa, fb, dn, act, out)  # [T, K] each (fo None unless out)
+            hq, ho = sketch_features(hz, hids, fa, fb, dn, act, out)
+            neuron_cols[(method, "energy", r)] = (fq.reshape(-1, 1), hq[..., None])
+            if out:
+                neuron_cols[(method, "out", r)] = (fo.reshape(-1, 1), ho[..., None])
         for o in options:
             if mlp_spec(o) is not None:
                 t1 = time.time()
@@ -344,9 +403,9 @@ def run(args) -> int:
                 result["mlp_fit"].setdefault(str(j), {})[o] = {**info,
                                                                "seconds": round(time.time() - t1, 1)}
                 continue
-            spec = neuron_spec(o)
+            spec = column_spec(o)
             if spec is not None:
-                fcol, hcol = neuron_cols[spec[:2]]
+                fcol, hcol = neuron_cols[spec[0]]
                 theta = ridge(features(o, z, lg, None), y, e, tok_idx, E, cfg.ridge, fcol)
                 result["layers"][str(j)][o] = layer_metrics(
                     theta, features(o, hz, hlg, None), hw, hids, hn, cfg.seq_len, args.batch_size,
@@ -373,6 +432,8 @@ def run(args) -> int:
                       f"{'mean' if args.neuron_rule == 'energy' else 'variance'} of h_j^2 ||d_j||^2 "
                       "over the fit rows routed to u",
                       "mlp_config": mlp_cfg.__dict__ if any(mlp_spec(o) for o in options) else None,
+                      "sketch": "sketchR: truncated SVD of [W_g; W_u]; sketchdR: top-R directions of "
+                      "the expert's pre-activations on its fit rows" if sketch_keys else None,
                       "seconds": round(time.time() - t0, 1), **environment()}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
