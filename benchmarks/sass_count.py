@@ -146,16 +146,22 @@ def longest_path(lined: list, through: frozenset = frozenset(), avoid: frozenset
     return done[1] if through else max((d for d in done if d is not None), default=None)
 
 
+def tiled(blocks, var: str, tiles: str | None, T: int, E: int, K: int) -> dict:
+    """blocks(T, E, K) (route_blocks or split_blocks) with the tile override `var` set to `tiles`
+    for the call (unset: the defaults)."""
+    if tiles:
+        os.environ[var] = tiles
+    try:
+        return blocks(T, E, K)
+    finally:
+        os.environ.pop(var, None)
+
+
 def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
     """The route-select launch of one shape and T (budget select, base_plus weights, bf16 logits)."""
     s = SHAPES[shape]
     E, K = s["E"], s["K"]
-    if tiles:
-        os.environ["BASE_ROUTE_TILES"] = tiles
-    try:
-        cfg = route_blocks(T, E, K)
-    finally:
-        os.environ.pop("BASE_ROUTE_TILES", None)
+    cfg = tiled(route_blocks, "BASE_ROUTE_TILES", tiles, T, E, K)
     num_warps = cfg.pop("num_warps")
     consts = dict(E=E, K=K, **cfg, SELECT=True, RENORM=s["norm_topk_prob"], BACKFILL=True,
                   COMBINE=2 if s["norm_topk_prob"] else 1, HAS_TABLE=False, KEY32=True, USE_PDL=True,
@@ -172,12 +178,7 @@ def split_sass(shape: str, T: int, tiles: str | None = None) -> dict:
     base_plus weights, bf16 logits): instructions and longest path of each, and the summed path."""
     s = SHAPES[shape]
     E, K = s["E"], s["K"]
-    if tiles:
-        os.environ["BASE_ROUTE_SPLIT_TILES"] = tiles
-    try:
-        cfg = split_blocks(T, E, K)
-    finally:
-        os.environ.pop("BASE_ROUTE_SPLIT_TILES", None)
+    cfg = tiled(split_blocks, "BASE_ROUTE_SPLIT_TILES", tiles, T, E, K)
     common = dict(E=E, K=K, BLOCK_E=cfg["BLOCK_E"], BLOCK_KK=cfg["BLOCK_KK"], BLOCK_T=cfg["BLOCK_T"],
                   RENORM=s["norm_topk_prob"], KEY32=True, ITER=cfg["ITER"], USE_PDL=True,
                   ID_BITS=ID_BITS, SENT=-(1 << 31))
