@@ -40,7 +40,7 @@ ROUTE_VARIANTS = {
 # base_route_split's BASE_ROUTE_SPLIT_TILES = rows per program, warps of launch 1, of launch 2
 # [, iterative top-k[, narrow backfill width]]; the default (split_blocks) is timed as well
 SPLIT_VARIANTS = ["4,4,4,0,0", "2,4,4,0,0", "4,2,2,0,0", "4,8,8,0,0", "8,4,4,0,0", "2,2,2,0,0",
-                  "4,4,4"]
+                  "4,4,4,0,32"]
 
 SKEW = 1.0  # router logits = N(0, 1) per (token, expert) + a fixed per-expert N(0, SKEW^2) bias
 
