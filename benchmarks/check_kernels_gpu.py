@@ -33,6 +33,8 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only moe         sections 8, 9 and 10
     --only route       sections 11 and 10
     --only compact     the narrow backfill against the same tiles with it off, bitwise
+    --only sched       section 10 alone
+    --shapes a,b       restrict every section to these shapes (default: all three)
     --only split       the two-launch route-select (base_route_split) == the core, its tilings,
                        == the one launch bitwise at the same tiling, repeat calls, a graph replay
 """
@@ -347,6 +349,9 @@ MOE_PATHS = {"grouped": dict(pair_major=False, one_launch=False),
              "one2": dict(pair_major=False, one_launch=True, ctas_per_sm=2)}
 
 
+MOE_ONLY: set[str] = set()  # --moe-paths: check only these structures (default: every one)
+
+
 def moe_config(T: int, E: int, K: int, path: dict):
     import dataclasses
 
@@ -369,6 +374,8 @@ def check_moe_paths() -> None:
             ref = moe_forward_ref(hidden.float(), ids.long(), r.weights, gate_up.float(), down.float())
             outs = {}
             for name, pm in (*MOE_PATHS.items(), ("default", None)):  # default: the tuned rows
+                if MOE_ONLY and name not in MOE_ONLY:
+                    continue
                 cfg = None if pm is None else moe_config(T, E, K, pm)
                 y = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
                 again = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
@@ -377,7 +384,9 @@ def check_moe_paths() -> None:
                 zero_row = T == 1 or bool((y[-1] == 0).all())
                 record(f"moe/{shape}/T={T}/{name}", rel < 1e-2 and torch.equal(y, again) and zero_row,
                        rel_err_vs_fp32=rel, deterministic=torch.equal(y, again), zero_row=zero_row)
-            for other in ("pair", "one", "one2"):
+            for other in [o for o in ("pair", "one", "one2") if o in outs]:
+                if "grouped" not in outs:
+                    break
                 rel = ((outs[other].float() - outs["grouped"].float()).norm()
                        / outs["grouped"].float().norm()).item()
                 record(f"moe/{shape}/T={T}/{other}_vs_grouped", rel < 1e-2, rel=rel)
@@ -391,6 +400,8 @@ def check_moe_graph() -> None:
     pred = make_predictor(E, H)
     gate_up, down = make_experts(E, H, I, seed=1)
     for T, path in ((1, "pair"), (16, "grouped"), (1, "one"), (16, "one"), (32, "one2")):
+        if MOE_ONLY and path not in MOE_ONLY:
+            continue
         r = make_routing(T, E, K, True, seed=3)
         hidden = torch.randn(T, H, device=DEVICE).bfloat16()
         budget = torch.full((T,), 10, dtype=torch.int64, device=DEVICE)
@@ -409,6 +420,8 @@ def check_moe_graph() -> None:
     r = make_routing(T, E, K, True, seed=5)
     hidden = torch.randn(T, H, device=DEVICE).bfloat16()
     for path in ("grouped", "one"):  # one: each stream has its own sync entries
+        if MOE_ONLY and path not in MOE_ONLY:
+            continue
         cfg = moe_config(T, E, K, MOE_PATHS[path])
         want = fused_moe(hidden, r.ids, r.weights, gate_up, down, config=cfg)
         streams = [torch.cuda.Stream() for _ in range(2)]
@@ -426,7 +439,7 @@ def check_moe_graph() -> None:
 
 def check_sched() -> None:
     """base_sched's in-kernel table lookup (both selection kernels) == the core on the GPU."""
-    for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
+    for shape in [sh for sh in ("qwen3-30b-a3b", "olmoe-1b-7b") if sh in SHAPES]:
         s = SHAPES[shape]
         E, K, H = s["E"], s["K"], s["H"]
         pred = make_predictor(E, H)
@@ -551,7 +564,8 @@ def check_route_compact() -> None:
     from base_sglang.kernels import route_select_experts
     from base_sglang.kernels.base_route import route_blocks
 
-    for shape, T in [(sh, T) for sh in ("qwen3-30b-a3b", "olmoe-1b-7b") for T in (1, 8, 16, 32, 64)]:
+    for shape, T in [(sh, T) for sh in ("qwen3-30b-a3b", "olmoe-1b-7b") if sh in SHAPES
+                     for T in (1, 8, 16, 32, 64)]:
         s = SHAPES[shape]
         E, K = s["E"], s["K"]
         w2, z, pred = route_case(shape, T, seed=T + 200)
@@ -669,15 +683,28 @@ def check_route_graph(T: int = 16, name: str = "route_graph_replay") -> None:
 
 
 def main() -> int:
+    global SHAPES, TOKENS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
     ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
-                                       "compact", "split"],
+                                       "compact", "split", "sched"],
                     help="run one group of sections only")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--moe-paths", default="", help=f"sections 8-9 only for these of {sorted(MOE_PATHS)}"
+                    " and default")
     args = ap.parse_args()
+    if args.moe_paths:
+        unknown = set(args.moe_paths.split(",")) - set(MOE_PATHS) - {"default"}
+        if unknown:
+            ap.error(f"--moe-paths: unknown {sorted(unknown)}; known {sorted(MOE_PATHS)} and default")
+        MOE_ONLY.update(args.moe_paths.split(","))
+    if args.shapes:
+        unknown = set(args.shapes.split(",")) - set(SHAPES)
+        if unknown:
+            ap.error(f"--shapes: unknown {sorted(unknown)}; known {sorted(SHAPES)}")
+        SHAPES = {k: v for k, v in SHAPES.items() if k in args.shapes.split(",")}
     if args.quick:
-        global SHAPES, TOKENS
         SHAPES = {"qwen3-30b-a3b": SHAPES["qwen3-30b-a3b"]}
         TOKENS = (16, 128)
     torch.manual_seed(0)
@@ -702,6 +729,8 @@ def main() -> int:
         checks = [check_route_compact]
     elif args.only == "split":
         checks = [check_route_split]
+    elif args.only == "sched":
+        checks = [check_sched]
     elif args.only == "graph":
         checks = [check_graph, check_graph_base_plus]
     if DEVICE != "cuda":  # CPU dry run: no graphs

@@ -23,6 +23,8 @@ nothing. Spins are bounded (~2^22 polls) so a broken counter cannot hang the GPU
 interpreter (programs run one after another) the grid is one program per unit, in unit order, so
 every wait finds its flag already complete and the code is the code the GPU runs.
 Deterministic: every output element is computed by one program in a fixed order.
+TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
+(benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
 tile, BN1/BN2 output columns per up/down unit, BK1/BK2 reduction steps.
 """
@@ -64,6 +66,19 @@ def _wait_moved(ptr, base, BAR_BITS: tl.constexpr):
 
 
 @triton.jit
+def _stamp(trace_ptr, row, col, pid, TRACE: tl.constexpr):
+    """trace[row, col] = %globaltimer (ns); col 0 also writes %smid into col 3."""
+    if TRACE:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
+                                        dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(trace_ptr + row * 4 + col, now)
+        if col == 0:
+            sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32,
+                                           is_pure=False, pack=1)
+            tl.store(trace_ptr + row * 4 + 3, sm.to(tl.int64))
+
+
+@triton.jit
 def _expert_pairs(ids_all, valid, e):
     """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
     mine = valid & (ids_all == e)  # [BP]
@@ -82,12 +97,12 @@ def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _moe_one_kernel(
-    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr,
-    T, stride_x, stride_y, n_prog,
+    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
+    T, stride_x, stride_y, n_prog, n_units,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
-    DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + BN1 - 1) // BN1  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -95,11 +110,12 @@ def _moe_one_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
+    _stamp(trace_ptr, n_units + pid, 0, pid, TRACE)  # trace rows: units, then programs
     P = T * K
     high = -(1 << BAR_BITS)
+    one: tl.constexpr = 1 << BAR_BITS
     # ---- this launch's base: the program's own arrival on gen ---------------------------------
-    old = tl.atomic_add(sync_ptr, tl.where(pid == 0, (1 << BAR_BITS) - (n_prog - 1), 1),
-                        sem="relaxed", scope="gpu")
+    old = tl.atomic_add(sync_ptr, tl.where(pid == 0, one - (n_prog - 1), 1), sem="relaxed", scope="gpu")
     base = old & high
     # ---- align, redundantly in every program ------------------------------------------------------
     ps = tl.arange(0, BLOCK_P)  # [BP]
@@ -112,11 +128,10 @@ def _moe_one_kernel(
     n_act = tl.sum(ai, axis=0)
     js = tl.arange(0, JMAX)  # [JMAX]
     if pid == 0:  # pad the entries no unit of this launch arrives on
-        tl.atomic_add(sync_ptr + 1 + js, js * 0 + (1 << BAR_BITS), mask=js >= n_act,
-                      sem="relaxed", scope="gpu")
+        tl.atomic_add(sync_ptr + 1 + js, js * 0 + one, mask=js >= n_act, sem="relaxed", scope="gpu")
         if n_act == 0:
             for nh in range(NT2):
-                tl.atomic_add(sync_ptr + 1 + JMAX + nh, 1 << BAR_BITS, sem="relaxed", scope="gpu")
+                tl.atomic_add(sync_ptr + 1 + JMAX + nh, one, sem="relaxed", scope="gpu")
             for t0 in range(0, T, BLOCK_TC):  # nothing kept anywhere: y = 0
                 ts = t0 + tl.arange(0, BLOCK_TC)  # [BTC]
                 for h0 in range(0, H, BN2):
@@ -126,7 +141,9 @@ def _moe_one_kernel(
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
     u1 = n_act * NT1
     total = u1 + n_act * NT2
+    _stamp(trace_ptr, n_units + pid, 1, pid, TRACE)
     for u in range(pid, total, n_prog):
+        _stamp(trace_ptr, u, 0, pid, TRACE)
         if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
             j = u // NT1
             nt = u % NT1
@@ -145,8 +162,7 @@ def _moe_one_kernel(
                     kmask = ks < H - k0
                     a = tl.load(a_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
                     wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
-                    wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :],
-                                 other=0.0)
+                    wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :], other=0.0)
                     if DOT_F32:  # the CPU interpreter computes bf16 dots wrongly
                         a = a.to(tl.float32)
                         wg = wg.to(tl.float32)
@@ -158,7 +174,8 @@ def _moe_one_kernel(
                 acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
                 tl.store(act_ptr + pair[:, None] * I + ns[None, :],
                          acc.to(act_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
-            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, (1 << BAR_BITS) - (NT1 - 1), 1))
+            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, one - (NT1 - 1), 1))
+            _stamp(trace_ptr, u, 1, pid, TRACE)
         else:  # ---- down unit (j, tile of H), then the combine if it arrives last --------------
             j = (u - u1) // NT2
             nh = (u - u1) % NT2
@@ -167,6 +184,7 @@ def _moe_one_kernel(
             nmask_d = ns_d < H
             ks_d = tl.arange(0, BK2)  # [BK2]
             _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
+            _stamp(trace_ptr, u, 1, pid, TRACE)
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
@@ -186,9 +204,9 @@ def _moe_one_kernel(
                     w_d_ptrs += BK2
                 tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
                          mask=rmask[:, None] & nmask_d[None, :])
-            inc = tl.where(j == 0, (1 << BAR_BITS) - (n_act - 1), 1)
+            inc = tl.where(j == 0, one - (n_act - 1), 1)
             old_h = _arrive(sync_ptr + 1 + JMAX + nh, inc)
-            if old_h + inc == base + (1 << BAR_BITS):  # every expert's tile nh is in: combine it
+            if old_h + inc == base + one:  # every expert's tile nh is in: combine it
                 tl.debug_barrier()
                 for t0 in range(0, T, BLOCK_TC):
                     ts = t0 + tl.arange(0, BLOCK_TC)  # [BTC]
@@ -198,12 +216,16 @@ def _moe_one_kernel(
                         ek = tl.load(ids_ptr + ts * K + k, mask=tmask, other=-1)  # [BTC]
                         wk = tl.load(wt_ptr + ts * K + k, mask=tmask, other=0.0).to(tl.float32)
                         use = (ek >= 0) & (ek < E) & tmask
+                        # a dropped slot's row is never written: it is read anyway (in bounds) and
+                        # discarded by the where, so no load waits on the ids
                         xo = tl.load(po_ptr + (ts * K + k)[:, None].to(tl.int64) * H + ns_d[None, :],
-                                     mask=use[:, None] & nmask_d[None, :], other=0.0,
+                                     mask=tmask[:, None] & nmask_d[None, :], other=0.0,
                                      cache_modifier=".cg")  # [BTC, BN2]
                         acc_y += tl.where(use[:, None], wk[:, None] * xo, 0.0)
                     tl.store(y_ptr + ts[:, None] * stride_y + ns_d[None, :],
                              acc_y.to(y_ptr.dtype.element_ty), mask=tmask[:, None] & nmask_d[None, :])
+        _stamp(trace_ptr, u, 2, pid, TRACE)
+    _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
 _FITS: dict[tuple, int] = {}
@@ -238,8 +260,10 @@ def moe_one(
     num_stages: int = 3,
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
     cooperative: bool = True,
+    trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
-    """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine)."""
+    """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
+    moe_one_units (every expert a pair could select active) bounds the rows trace needs."""
     T, H, E, I, K = check_moe_inputs(hidden, ids, weights, gate_up, down)  # noqa: E741
     dev = hidden.device
     bn1, bk1 = up
@@ -260,25 +284,38 @@ def moe_one(
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
     sync = barrier_buffer(dev, 1 + jmax + nt2)  # [gen, flag[JMAX], hcount[NT2]]
     interp = is_interpreter() or dev.type != "cuda"
-    units = min(E, P) * (triton.cdiv(I, bn1) + nt2)
+    units = moe_one_units(T, E, K, H, I, up, down_tiles)
+    check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
                                    **({"launch_cooperative_grid": True} if cooperative else {}))
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, num_warps=num_warps, num_stages=num_stages, **extra)
-    args = (hidden, ids, weights, gate_up, down, act, pair_out, out, sync,
+                  USE_PDL=pdl, TRACE=trace is not None, num_warps=num_warps,
+                  num_stages=num_stages, **extra)
+    trace_arg = sync if trace is None else trace
+    args = (hidden, ids, weights, gate_up, down, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))
     if interp:  # one program per unit, in unit order (see the module docstring)
-        _moe_one_kernel[(units,)](*args, units, **consts)
+        _moe_one_kernel[(units,)](*args, units, units, **consts)
         return out
     sms = num_sms(dev)
     key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
     n_prog = min(programs or sms, units)
     if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
-        compiled = _moe_one_kernel.warmup(*args, n_prog, grid=(1,), **consts)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
-    _moe_one_kernel[(n_prog,)](*args, n_prog, **consts)
+    if trace is not None:
+        check(trace.dtype == torch.int64 and trace.is_contiguous() and trace.dim() == 2
+              and trace.shape[1] == 4 and trace.shape[0] >= units + n_prog,
+              f"trace: int64 [>= {units + n_prog}, 4] contiguous, got {trace.dtype} {tuple(trace.shape)}")
+    _moe_one_kernel[(n_prog,)](*args, n_prog, units, **consts)
     return out
+
+
+def moe_one_units(T: int, E: int, K: int, H: int, I: int, up: tuple[int, int],  # noqa: E741
+                  down_tiles: tuple[int, int]) -> int:
+    """The most work units one launch can have (every expert a pair could select active)."""
+    return min(E, T * K) * (triton.cdiv(I, up[0]) + triton.cdiv(H, down_tiles[0]))

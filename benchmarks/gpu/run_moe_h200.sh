@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12 on one H200, one device call (< 9 min): fused_moe's launch structures and tiles.
-#   1. check_kernels_gpu.py --only moe: every structure == the fp32 reference at three shapes, graph
-#      replays == eager, two streams, base_sched in both selection kernels -> OUT/checks.json, check_moe.log
+#   1. check_kernels_gpu.py --only moe [CHECK_ARGS, e.g. --moe-paths one,one2]: every structure
+#      == the fp32 reference at three shapes, graph replays == eager, two streams, base_sched in both
+#      selection kernels                                             -> OUT/checks.json, check_moe.log
 #   2. tests/kernels on CUDA, or PYTEST_PATHS (and the base_score strided test alone) -> OUT/pytest.log
 #   3. gpu/sweep_moe.py: grouped / pair-major / one-launch per (shape, T, routing), then a tile
 #      search on the fastest (SWEEP_SHAPES, SWEEP_T, SWEEP_TILE_T, SWEEP_S) -> OUT/sweep_moe.json, sweep.log
@@ -21,6 +22,9 @@
 #      dense routing at DENSE_T (default 32), Qwen3, merged --keep-faster into
 #      kernels/configs/NVIDIA_H200.json, then bench_fused_moe.py --no-tune at DENSE_BENCH_T
 #      (default 16,32,64)           -> OUT/dense/sweep_moe.json, NVIDIA_H200.json, fused_moe.{csv,json}
+#   trace (only when named): gpu/trace_moe_one.py, the one-launch layer's in-kernel timeline
+#      (%globaltimer per unit) with the shipped tiles or variants of them, timed and checked
+#      (TRACE_SHAPES, TRACE_T, TRACE_M, TRACE_VARIANTS, TRACE_ONLY, TRACE_S) -> OUT/trace_moe_one.json
 #   full (only when named in PARTS): bench_fused_moe.py --no-tune (the shipped defaults: the tuned
 #      rows of kernels/configs), three shapes, T in 1..128, SGLang timed   -> OUT/fused_moe.{csv,json}
 # Usage (repository root, carry .whl/ with the sglang 0.5.23 wheel for part 4, proxy weights home):
@@ -35,7 +39,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 for part in $PARTS; do
     case "$part" in
         check) echo "=== checks"
-            timeout -k 10 ${CHECK_S:-120} python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" \
+            timeout -k 10 ${CHECK_S:-120} python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" ${CHECK_ARGS:-} \
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
@@ -59,6 +63,12 @@ for part in $PARTS; do
             timeout -k 10 80 python3 benchmarks/bench_fused_moe.py --out "$OUT" --sglang-root /tmp/sglang_whl \
                 --shapes qwen3-30b-a3b --tokens 1,8 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             tail -16 "$OUT/bench_fused_moe.log" ;;
+        trace) echo "=== one-launch timeline"
+            timeout -k 10 ${TRACE_S:-240} python3 benchmarks/gpu/trace_moe_one.py --out "$OUT" \
+                --shapes ${TRACE_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b} --tokens ${TRACE_T:-8,16,32} \
+                --budgets ${TRACE_M:-8,16} --variants ${TRACE_VARIANTS:-shipped} --trace-only "${TRACE_ONLY:-}" \
+                --budget-s $(( ${TRACE_S:-240} - 30 )) > "$OUT/trace.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/trace.log" | cut -c1-160 | tail -40 ;;
         full) echo "=== MoE layer, shipped defaults (--no-tune), three shapes, T <= 128, SGLang"
             unpack_sglang_wheel
             timeout -k 10 ${FULL_S:-330} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \

@@ -8,6 +8,9 @@
 #            same tiles with it off, bitwise (ids, weights, counts), Qwen3 and OLMoE at T 1-64,
 #            budgets at, below and above the width        -> OUT/checks.json, compact.log (more than
 #            150 s on a fresh machine: 4 Qwen3 cells in 150 s, seventh session; give it a call)
+#            COMPACT_SHAPES (default both) restricts it, e.g. olmoe-1b-7b
+#   sched    check_kernels_gpu.py --only sched: base_sched in both unfolded selection kernels
+#                                                                     -> OUT/checks.json, sched.log
 #   split    check_kernels_gpu.py --only split: the two-launch route-select (base_route_split) ==
 #            core.routing at three shapes, T 16/64/128, its tilings, == the one launch bitwise at
 #            the same tiling, repeat calls, a graph replay            -> OUT/checks.json, split.log
@@ -43,8 +46,12 @@ for part in $PARTS; do
             grep -E "FAIL|checks passed" "$OUT/check.log" | cut -c1-200 | tail -12 ;;
         compact) echo "=== narrow backfill == full tile, bitwise"
             timeout -k 10 ${COMPACT_S:-300} python3 benchmarks/check_kernels_gpu.py --only compact --out "$OUT" \
-                > "$OUT/compact.log" 2>&1 || status=1
+                --shapes ${COMPACT_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b} > "$OUT/compact.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/compact.log" | cut -c1-200 | tail -12 ;;
+        sched) echo "=== base_sched in both selection kernels == core"
+            timeout -k 10 ${SCHED_S:-120} python3 benchmarks/check_kernels_gpu.py --only sched --out "$OUT" \
+                > "$OUT/sched.log" 2>&1 || status=1
+            grep -E "FAIL|checks passed" "$OUT/sched.log" | cut -c1-200 | tail -8 ;;
         split) echo "=== two-launch route-select == core"
             timeout -k 10 ${SPLIT_S:-200} python3 benchmarks/check_kernels_gpu.py --only split --out "$OUT" \
                 > "$OUT/split.log" 2>&1 || status=1
@@ -92,7 +99,7 @@ for part in $PARTS; do
             python3 benchmarks/gpu/ncu_summary.py "$OUT/ncu_source_sass.csv" "$OUT/ncu_details.txt" \
                 "$OUT/ncu_sass_summary.json" || status=1
             head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
-        *) echo "unknown part '$part' (check compact split splitsweep pytest select sweep profile ncu)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check compact sched split splitsweep pytest select sweep profile ncu)" >&2; exit 2 ;;
     esac
 done
 exit $status

@@ -445,3 +445,35 @@ def test_targets_line_reports_met_and_missing_targets():
     assert "M=16 / dense = 1.700 (target >= 1.6: met)" in line
     assert "M=10 / dense = 1.500 (target >= 1.73: NOT met)" in line
     assert "M=128 / off: not measured" in line
+
+
+# ---- trace_moe_one: the one-launch MoE's timeline ---------------------------------------------------
+def test_trace_moe_one_variants_layout_and_summary():
+    trace_moe = importlib.import_module("trace_moe_one")
+    from base_sglang.kernels.fused_moe import MoeConfig
+    from base_sglang.kernels.moe_gemm import GemmConfig
+
+    cfg = MoeConfig(up=GemmConfig(64, 128), down=GemmConfig(128, 64), one_launch=True, ctas_per_sm=3)
+    assert trace_moe.parse_variant("shipped", cfg) == cfg
+    c = trace_moe.parse_variant("up=32:256:8:2/dn=64:128/c=2", cfg)
+    assert c.up == GemmConfig(32, 256, 8, 2) and (c.down.block_n, c.down.block_k) == (64, 128)
+    assert c.ctas_per_sm == 2 and c.down.num_warps == cfg.down.num_warps
+    for bad in ("x", "up=1:2", "zz=3", "shipped/c=2"):
+        with pytest.raises(SystemExit):
+            trace_moe.parse_variant(bad, cfg)
+    kw = trace_moe.one_kwargs(c, 264)
+    assert kw["up"] == (32, 256) and kw["num_warps"] == 8 and kw["programs"] == 264
+    # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
+    assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
+    # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns
+    tr = torch.zeros(4 + 3, 4, dtype=torch.int64)
+    tr[0] = torch.tensor([1_500, 9_000, 9_000, 7])
+    tr[1] = torch.tensor([1_600, 10_000, 10_000, 8])
+    tr[2] = torch.tensor([1_700, 10_200, 14_000, 7])
+    tr[4] = torch.tensor([1_000, 1_400, 14_500, 7])
+    tr[5] = torch.tensor([1_100, 1_500, 10_100, 8])
+    g = trace_moe.summarise(tr, 4, 2, 3)
+    assert (g["programs"], g["up_units"], g["units"], g["sms_used"]) == (2, 2, 3, 2)
+    assert (g["start_spread_us"], g["align_done_us"], g["up_last_end_us"]) == (0.1, 0.5, 9.0)
+    assert (g["down_last_go_us"], g["down_compute_mean_us"], g["span_us"]) == (9.2, 3.8, 13.5)
+    assert g["up_mean_us"] == round(((9_000 - 1_500) + (10_000 - 1_600)) / 2 / 1e3, 2)

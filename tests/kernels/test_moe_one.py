@@ -147,3 +147,30 @@ def test_bad_inputs_name_the_tensor():
         moe_one(x, ids, w, gu, dn[:, :, :8].contiguous(), **TILES)
     with pytest.raises(ValueError, match="hidden"):
         moe_one(x.float(), ids, w, gu, dn, **TILES)
+
+
+def test_trace_is_checked():
+    x, ids, w, gu, dn = case(2, 4, 2)
+    if DEVICE != "cuda":  # inline PTX: the interpreter refuses it, naming it
+        with pytest.raises(ValueError, match="trace"):
+            moe_one(x, ids, w, gu, dn, trace=torch.zeros(64, 4, dtype=torch.int64), **TILES)
+    else:
+        with pytest.raises(ValueError, match="trace"):
+            moe_one(x, ids, w, gu, dn, trace=torch.zeros(1, 4, dtype=torch.int64, device=DEVICE),
+                    **TILES)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="inline PTX: %globaltimer, %smid")
+def test_trace_stamps_every_unit_that_runs():
+    x, ids, w, gu, dn = case(16, 32, 4, H=256, I=128, seed=5)
+    tiles = dict(up=(32, 64), down_tiles=(64, 64), block_m=16)
+    y0 = moe_one(x, ids, w, gu, dn, **tiles)
+    n_act = int(torch.unique(ids[ids >= 0]).numel())
+    units = min(32, 64) * (128 // 32 + 256 // 64)
+    tr = torch.zeros(units + 8, 4, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(moe_one(x, ids, w, gu, dn, programs=8, trace=tr, **tiles), y0)
+    ran = tr[: n_act * 8].cpu()
+    assert (ran[:, 0] > 0).all() and (ran[:, 0] <= ran[:, 1]).all() and (ran[:, 1] <= ran[:, 2]).all()
+    assert (tr[n_act * 8: units] == 0).all()  # units of experts that are not active never ran
+    progs = tr[units:].cpu()
+    assert (progs[:, 0] <= progs[:, 1]).all() and (progs[:, 1] <= progs[:, 2]).all()
