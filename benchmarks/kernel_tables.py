@@ -134,6 +134,28 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
     return "\n".join(out)
 
 
+def trace_table(folder: str) -> str:
+    """gpu/trace_moe_one.py cells: graph time, x byte floor, and the in-kernel timeline (us from
+    the first program's start) of the variants it traced."""
+    with open(os.path.join(folder, "trace_moe_one.json")) as f:
+        cells = json.load(f)["cells"]
+    out = ["| shape | T | M | variant | experts read | floor µs | graph µs | x floor | align done | "
+           "last up unit ends | last down unit starts | span | mean up unit | mean down unit |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        name = c.get("variant", f"prefetch {c.get('prefetch')}")
+        if "us" not in c:
+            out.append(f"| {c['shape']} | {c['T']} | {c['M']} | {name} | {c['experts_read']} | "
+                       f"{c['floor_us']:.1f} | not run: {c.get('error', '?').splitlines()[0][:50]} | - | - | - | - | - | - | - |")
+            continue
+        g = c.get("trace")
+        tl = ([f"{g[k]:.1f}" for k in ("align_done_us", "up_last_end_us", "down_last_go_us", "span_us",
+                                       "up_mean_us", "down_compute_mean_us")] if g else ["-"] * 6)
+        out.append(f"| {c['shape']} | {c['T']} | {c['M']} | {name} | {c['experts_read']} | "
+                   f"{c['floor_us']:.1f} | {c['us']:.1f} | {c['x_floor']:.2f} | " + " | ".join(tl) + " |")
+    return "\n".join(out)
+
+
 def hook_table(folder: str) -> str:
     """One row per (shape, T) of check_moe_hook.py: which kernel ran, errors, bitwise checks."""
     with open(os.path.join(folder, "moe_hook.json")) as f:
@@ -199,7 +221,8 @@ def split_table(paths: list[str]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
-                                     "hook", "sweep", "split", "split_e2e"))
+                                     "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
+                                     "trace"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
@@ -214,8 +237,14 @@ def main() -> int:
     if kind == "hook":
         print(hook_table(args.folder))
         return 0
-    if kind == "split_e2e":  # BASE_ROUTE=split (the default at 8-128 rows) against unfold
+    if kind == "split_e2e":  # BASE_ROUTE=split (the default at 32-128 rows) against unfold
         print(fold_table(args.folder, "e2e_split", "e2e_unfold", ("two launches", "unfolded")))
+        return 0
+    if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below 32 rows)
+        print(fold_table(args.folder, "e2e_split", "e2e_fold", ("two launches", "one launch")))
+        return 0
+    if kind == "trace":  # gpu/trace_moe_one.py
+        print(trace_table(args.folder))
         return 0
     if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
         print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))

@@ -44,6 +44,7 @@ FUSED_MIN_E = 96
 # same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
+SPLIT_MIN_T = 32  # below, one launch: the two measured slower end to end at B = 8, 16 (H200)
 SPLIT_MAX_T = 128  # the largest decode batch the two-launch route-select was timed at (H200)
 
 
@@ -108,17 +109,20 @@ def route_mode(T: int, E: int) -> str:
     """How a folded block routes + selects T rows over E experts: "fold" (one route-select launch,
     kernels/base_route.py), "split" (the same in two launches, kernels/base_route_split.py) or
     "unfold" (the router's top-k launch, then base_select_experts), by what measured fastest on the
-    H200 (BENCHMARKS.md, "Two launches for the folded route-select", eighth session): fold at T < 8
-    (one program: a second launch is pure overhead; T = 1 7.5 against 8.1 us), split at 8 <= T <=
-    SPLIT_MAX_T (Qwen3 T = 16: 11.0 against 13.4 us folded, T = 64: 11.3 against 25.5 / 26.5
-    folded / unfolded; T = 128: 11.8 against 35.1 unfolded), unfold above (not measured there).
+    H200 (BENCHMARKS.md, "Two launches for the folded route-select", eighth session, and "Where the
+    one-launch MoE spends its time", ninth): fold at T < SPLIT_MIN_T (alone, T = 1 7.5 against
+    8.1 us; at T = 16 the two launches are faster alone, 11.0 against 13.4 us, but SGLang's decode
+    step with them was slower: B = 16 6.04 / 6.11 against 5.82 ms at budget 16, 13.7 / 13.6 against
+    13.1 ms dense; B = 8 5.58 against 5.54 and 9.9 against 9.45), split at SPLIT_MIN_T <= T <=
+    SPLIT_MAX_T (T = 64: 11.3 against 25.5 / 26.5 us folded / unfolded, and 7.2 % faster end to end
+    than unfolded at B = 64; T = 128: 11.8 against 35.1 unfolded), unfold above (not measured there).
     BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
         if forced not in ROUTE_MODES:
             raise ValueError(f"BASE_ROUTE: must be one of {', '.join(ROUTE_MODES)}, got {forced!r}")
         return forced
-    if T < 8:
+    if T < SPLIT_MIN_T:
         return "fold"
     return "split" if T <= SPLIT_MAX_T else "unfold"
 

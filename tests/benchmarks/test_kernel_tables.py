@@ -83,7 +83,7 @@ def _route_row(shape, T, router, folded, split, unfolded, dense):
 
 def test_route_table_takes_the_share_of_the_launch_the_rule_picks(tmp_path, monkeypatch):
     monkeypatch.delenv("BASE_ROUTE", raising=False)
-    rows = [_route_row("qwen3-30b-a3b", 1, 6.0, 7.0, 8.0, 13.0, 25.0),  # < 8 rows: one launch
+    rows = [_route_row("qwen3-30b-a3b", 1, 6.0, 7.0, 8.0, 13.0, 25.0),  # < 32 rows: one launch
             _route_row("qwen3-30b-a3b", 64, 8.0, 25.0, 11.0, 26.0, 150.0),  # two launches
             _route_row("olmoe-1b-7b", 256, 8.0, 40.0, 12.0, 30.0, 200.0)]  # past SPLIT_MAX_T
     (tmp_path / "base_select.json").write_text(json.dumps({"rows": rows}))
@@ -104,3 +104,30 @@ def test_split_sweep_table(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2] == ("| qwen3-30b-a3b | 16 | 8.0 | 13.4 | 14.0 | 11.0 (4,4,4) | "
                                           "10.9 | error |")
+
+
+def test_trace_table_and_the_split_against_fold_decode_table(tmp_path):
+    timeline = dict(align_done_us=1.3, up_last_end_us=19.2, down_last_go_us=19.3, span_us=31.5,
+                    up_mean_us=16.6, down_compute_mean_us=9.7)
+    cells = [dict(shape="qwen3-30b-a3b", T=16, M=8, variant="shipped", experts_read=8, floor_us=17.8,
+                  us=33.4, x_floor=1.876, trace=timeline),
+             dict(shape="qwen3-30b-a3b", T=16, M=8, variant="up=32:128:4:4", experts_read=8,
+                  floor_us=17.8, us=32.7, x_floor=1.837),
+             dict(shape="olmoe-1b-7b", T=4, M=16, variant="shipped", experts_read=16, floor_us=47.0,
+                  error="CompilationError: at 1:2")]
+    (tmp_path / "trace_moe_one.json").write_text(json.dumps({"cells": cells}))
+    out = _run("trace", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()[2:]
+    assert lines[0] == ("| qwen3-30b-a3b | 16 | 8 | shipped | 8 | 17.8 | 33.4 | 1.88 | 1.3 | 19.2 | "
+                        "19.3 | 31.5 | 16.6 | 9.7 |")
+    assert lines[1].endswith("| 32.7 | 1.84 | - | - | - | - | - | - |")
+    assert "not run: CompilationError" in lines[2]
+    for name, ms in (("e2e_split", {(16, "16"): 6.04}), ("e2e_fold", {(16, "16"): 5.82, (8, "16"): 5.5})):
+        (tmp_path / name).mkdir()
+        stats = [dict(batch=b, budget=int(g), median_step_ms=v) for (b, g), v in ms.items()]
+        (tmp_path / name / "summary.json").write_text(json.dumps({"row_stats": stats}))
+    out = _run("split_fold_e2e", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2:] == ["| 8 | 16 | not run (time budget) | 5.50 | - |",
+                                           "| 16 | 16 | 6.04 | 5.82 | 0.964 |"]

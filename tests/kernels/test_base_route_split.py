@@ -133,9 +133,10 @@ def test_bad_tile_override_names_the_variable(tiles, split):
 
 def test_route_mode_override(monkeypatch):
     monkeypatch.delenv("BASE_ROUTE", raising=False)
-    # the measured rule: one launch below 8 rows, two up to SPLIT_MAX_T, the unfolded path above
-    assert [route_mode(T, 128) for T in (1, 7, 8, 64, 128, 129)] == \
-        ["fold", "fold", "split", "split", "split", "unfold"]
+    # the measured rule: one launch below SPLIT_MIN_T rows (32), two up to SPLIT_MAX_T (128), the
+    # unfolded path above
+    assert [route_mode(T, 128) for T in (1, 8, 16, 31, 32, 64, 128, 129)] == \
+        ["fold", "fold", "fold", "fold", "split", "split", "split", "unfold"]
     assert route_wins(16, 64) and not route_wins(256, 64)
     for mode in ("fold", "split", "unfold"):
         monkeypatch.setenv("BASE_ROUTE", mode)
