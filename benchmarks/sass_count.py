@@ -1,9 +1,13 @@
 """SASS instruction counts of the route-select launch for sm_90, compiled here without a GPU (issue 12).
 
     python benchmarks/sass_count.py [--shape qwen3-30b-a3b] [--tokens 16] [--tiles 8,16,0,0 8,16,0,1]
-        [--split] [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
+        [--split | --moe [--trace]] [--json OUT.json]   (needs TRITON_INTERPRET unset: it compiles)
 --split counts the two launches of kernels/base_route_split.py instead (--tiles are then
 BASE_ROUTE_SPLIT_TILES variants): each launch's static instructions and longest path, and their sum.
+--moe compiles the one-launch MoE (kernels/moe_one.py) with the H200's tuned budget tiles of that
+shape and T (kernels/configs; --trace with its stamps on): instructions, registers, shared memory,
+the programs per SM those allow (moe_one.programs_per_sm's rule), the cp.async copies (LDGSTS: the
+GEMM loops software-pipelined) and whether it reads %globaltimer.
 Compiles kernels/base_route.py's kernel with Triton for an H100/H200 target (ptxas and cuobjdump
 ship with Triton's wheel) at the constants and integer specialisations a real call gets, and
 prints per variant (BASE_ROUTE_TILES = num_warps, rows per block, iterative top-k, scratch row,
@@ -43,16 +47,22 @@ from base_sglang.kernels.base_route_split import (  # noqa: E402
     _split_select_kernel,
     split_blocks,
 )
+from base_sglang.kernels.moe_one import _moe_one_kernel  # noqa: E402
+from base_sglang.kernels.utils import BAR_BITS  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr="*i64",
                  table_ptr="*fp32", out_ids_ptr="*i32", out_w_ptr="*fp32", counts_ptr="*i64",
                  removed_ptr="*fp32", ws_ptr="*fp32", T="i32", stride_l="i32", stride_y="i32",
                  alpha="fp32", part_ptr="*fp32", bits_ptr="*i32", rows_ptr="*fp32", kth_ptr="*i64",
-                 pk_ptr="*fp32")
+                 pk_ptr="*fp32",
+                 # kernels/moe_one.py
+                 x_ptr="*bf16", ids_ptr="*i32", wt_ptr="*fp32", gu_ptr="*bf16", dn_ptr="*bf16",
+                 act_ptr="*bf16", po_ptr="*fp32", y_ptr="*bf16", sync_ptr="*i32", trace_ptr="*i64",
+                 stride_x="i32", n_prog="i32", n_units="i32")
 
 
-def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
+def compile_sm90(fn, consts: dict, ints: dict, num_warps: int, num_stages: int = 3) -> dict:
     """SASS of fn for sm_90: instructions, registers, stack. `ints` get Triton's launch-time
     specialisation (1 -> constant, multiples of 16 -> divisibility), as a real call would."""
     consts = dict(consts, **{k: 1 for k, v in ints.items() if v == 1})
@@ -60,7 +70,8 @@ def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or (n in ints and n not in consts and ints[n] % 16 == 0)}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+                        target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
@@ -76,7 +87,7 @@ def compile_sm90(fn, consts: dict, ints: dict, num_warps: int) -> dict:
                               for s in ins)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return dict(instructions=len(ins), registers=int(m.group(1)), stack=int(m.group(2)), opcodes=ops,
-                sass=ins, lined=parse_lined(lined))
+                shared=ck.metadata.shared, sass=ins, lined=parse_lined(lined))
 
 
 def parse_lined(text: str) -> list:
@@ -209,6 +220,33 @@ def backfill_lines() -> tuple:
     return narrow, full
 
 
+def moe_sass(shape: str, T: int, trace: bool = False) -> dict:
+    """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
+    bf16, int32 ids): counts, resources and the programs per SM they allow."""
+    from base_sglang.kernels.fused_moe import default_config
+
+    s = SHAPES[shape]
+    E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+    cfg = default_config(T, E, K, 16, hidden=H, inter=I, gpu="NVIDIA H200")
+    P = T * K
+    consts = dict(H=H, I=I, E=E, K=K, JMAX=triton.next_power_of_2(min(E, P)),
+                  BLOCK_P=max(16, triton.next_power_of_2(P)), BLOCK_E=triton.next_power_of_2(E),
+                  BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
+                  BN2=cfg.down.block_n, BK2=cfg.down.block_k, DOT_F32=False, BAR_BITS=BAR_BITS,
+                  USE_PDL=True, TRACE=trace)
+    r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
+                                                   n_units=1000), cfg.up.num_warps,
+                     num_stages=cfg.up.num_stages)
+    warps = cfg.up.num_warps
+    warp_regs = -(-r["registers"] * 32 // 256) * 256  # moe_one.programs_per_sm's rule, H100/H200
+    per_sm = min(65536 // (warp_regs * warps), 2048 // (32 * warps),
+                 233472 // (r["shared"] + 1024) if r["shared"] else 32)
+    return dict(r, one_launch=cfg.one_launch, tiles=f"bm{cfg.block_m}/up{cfg.up.block_n},"
+                f"{cfg.up.block_k},{warps},{cfg.up.num_stages}/dn{cfg.down.block_n},{cfg.down.block_k}",
+                programs_per_sm=per_sm, ldgsts=r["opcodes"].get("LDGSTS", 0),
+                globaltimer=any("GLOBALTIMER" in x for x in r["sass"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
@@ -217,15 +255,29 @@ def main() -> int:
                     help="BASE_ROUTE_TILES variants (default: the shipped route_blocks)")
     ap.add_argument("--split", action="store_true",
                     help="the two launches of base_route_split (--tiles: BASE_ROUTE_SPLIT_TILES)")
+    ap.add_argument("--moe", action="store_true",
+                    help="the one-launch MoE (kernels/moe_one.py) with the tuned budget tiles")
+    ap.add_argument("--trace", action="store_true", help="--moe: with the trace stamps compiled in")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("TRITON_INTERPRET=1: this script compiles for sm_90; unset it")
-    print(f"triton {triton.__version__}, sm_90, {args.shape}; SASS: static instructions, then the "
-          f"longest executed path: any, with |S| <= COMPACT (narrow backfill), with the full tile")
+    if args.moe:
+        print(f"triton {triton.__version__}, sm_90, {args.shape}: the one-launch MoE, tuned budget tiles")
+    else:
+        print(f"triton {triton.__version__}, sm_90, {args.shape}; SASS: static instructions, then the "
+              f"longest executed path: any, with |S| <= COMPACT (narrow backfill), with the full tile")
     rows = []
     for T in args.tokens:
         for tiles in args.tiles:
+            if args.moe:
+                r = moe_sass(args.shape, T, args.trace)
+                rows.append(dict(T=T, trace=args.trace, **{k: v for k, v in r.items()
+                                                           if k not in ("opcodes", "sass", "lined")}))
+                print(f"T={T:<3} moe_one {r['tiles']:28} {r['instructions']:6} instructions  "
+                      f"{r['registers']:3} regs  {r['shared']} B shared -> {r['programs_per_sm']} per SM  "
+                      f"LDGSTS {r['ldgsts']}  stack {r['stack']}  globaltimer {r['globaltimer']}")
+                continue
             if args.split:
                 r = split_sass(args.shape, T, tiles)
                 rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items() if k != "opcodes"}))
