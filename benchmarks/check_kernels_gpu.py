@@ -34,9 +34,10 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only route       sections 11 and 10
     --only compact     the narrow backfill against the same tiles with it off, bitwise
     --only sched       section 10 alone
-    --shapes a,b       restrict every section to these shapes (default: all three)
     --only split       the two-launch route-select (base_route_split) == the core, its tilings,
                        == the one launch bitwise at the same tiling, repeat calls, a graph replay
+    --shapes a,b       restrict every section to these shapes (default: all three)
+    --moe-paths a,b    sections 8 and 9 for these launch structures only (MOE_PATHS, default)
 """
 
 from __future__ import annotations
