@@ -6,7 +6,7 @@
 BASE_ROUTE_SPLIT_TILES variants): each launch's static instructions and longest path, and their sum.
 --moe compiles the one-launch MoE (kernels/moe_one.py) with the H200's tuned budget tiles of that
 shape and T (kernels/configs; --trace with its stamps on): instructions, registers, shared memory,
-the programs per SM those allow (moe_one.programs_per_sm's rule), the cp.async copies (LDGSTS: the
+the programs per SM those allow (moe_one.programs_fit), the cp.async copies (LDGSTS: the
 GEMM loops software-pipelined) and whether it reads %globaltimer.
 Compiles kernels/base_route.py's kernel with Triton for an H100/H200 target (ptxas and cuobjdump
 ship with Triton's wheel) at the constants and integer specialisations a real call gets, and
@@ -47,7 +47,7 @@ from base_sglang.kernels.base_route_split import (  # noqa: E402
     _split_select_kernel,
     split_blocks,
 )
-from base_sglang.kernels.moe_one import _moe_one_kernel  # noqa: E402
+from base_sglang.kernels.moe_one import _moe_one_kernel, programs_fit  # noqa: E402
 from base_sglang.kernels.utils import BAR_BITS  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -238,9 +238,7 @@ def moe_sass(shape: str, T: int, trace: bool = False) -> dict:
                                                    n_units=1000), cfg.up.num_warps,
                      num_stages=cfg.up.num_stages)
     warps = cfg.up.num_warps
-    warp_regs = -(-r["registers"] * 32 // 256) * 256  # moe_one.programs_per_sm's rule, H100/H200
-    per_sm = min(65536 // (warp_regs * warps), 2048 // (32 * warps),
-                 233472 // (r["shared"] + 1024) if r["shared"] else 32)
+    per_sm = programs_fit(r["registers"], r["shared"], warps)  # moe_one's clamp, an H100/H200 SM
     return dict(r, one_launch=cfg.one_launch, tiles=f"bm{cfg.block_m}/up{cfg.up.block_n},"
                 f"{cfg.up.block_k},{warps},{cfg.up.num_stages}/dn{cfg.down.block_n},{cfg.down.block_k}",
                 programs_per_sm=per_sm, ldgsts=r["opcodes"].get("LDGSTS", 0),

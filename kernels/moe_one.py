@@ -231,19 +231,25 @@ def _moe_one_kernel(
 _FITS: dict[tuple, int] = {}
 
 
-def programs_per_sm(compiled, num_warps: int, device: torch.device) -> int:
-    """How many programs of a compiled kernel one SM holds at once (registers, shared memory,
-    threads): the cooperative launch fails beyond it, so the grid is clamped to it."""
-    compiled._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
-    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
-    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
-    warp_regs = -(-max(compiled.n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
-    shared = compiled.metadata.shared
+def programs_fit(n_regs: int, shared: int, num_warps: int, regs_sm: int = 65536,
+                 smem_sm: int = 233472, threads_sm: int = 2048) -> int:
+    """How many programs of n_regs registers per thread and `shared` bytes one SM holds at once
+    (defaults: an H100/H200 SM)."""
+    warp_regs = -(-max(n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
     fits = min(regs_sm // (warp_regs * num_warps), threads_sm // (32 * num_warps), 32,
                smem_sm // (shared + 1024) if shared else 32)
     return max(1, fits)
+
+
+def programs_per_sm(compiled, num_warps: int, device: torch.device) -> int:
+    """programs_fit for a compiled kernel on this device: the cooperative launch fails beyond it,
+    so the grid is clamped to it."""
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    return programs_fit(compiled.n_regs, compiled.metadata.shared, num_warps,
+                        getattr(props, "regs_per_multiprocessor", 65536),
+                        getattr(props, "shared_memory_per_multiprocessor", 233472),
+                        getattr(props, "max_threads_per_multi_processor", 2048))
 
 
 def moe_one(

@@ -174,3 +174,12 @@ def test_trace_stamps_every_unit_that_runs():
     assert (tr[n_act * 8: units] == 0).all()  # units of experts that are not active never ran
     progs = tr[units:].cpu()
     assert (progs[:, 0] <= progs[:, 1]).all() and (progs[:, 1] <= progs[:, 2]).all()
+
+
+def test_programs_fit_counts_registers_shared_memory_and_threads():
+    from base_sglang.kernels.moe_one import programs_fit
+
+    assert programs_fit(190, 73728, 4) == 2  # registers bind (Qwen3 T = 16 under Triton 3.6)
+    assert programs_fit(168, 73728, 4) == 3  # shared memory binds
+    assert programs_fit(32, 0, 4) == 16  # threads bind
+    assert programs_fit(255, 200_000, 8) == 1
