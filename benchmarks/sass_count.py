@@ -62,16 +62,19 @@ SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr
                  stride_x="i32", n_prog="i32", n_units="i32")
 
 
-def compile_sm90(fn, consts: dict, ints: dict, num_warps: int, num_stages: int = 3) -> dict:
+def compile_sm90(fn, consts: dict, ints: dict, num_warps: int, num_stages: int = 3,
+                 maxnreg: int | None = None) -> dict:
     """SASS of fn for sm_90: instructions, registers, stack. `ints` get Triton's launch-time
-    specialisation (1 -> constant, multiples of 16 -> divisibility), as a real call would."""
+    specialisation (1 -> constant, multiples of 16 -> divisibility), as a real call would;
+    maxnreg caps the registers per thread (ptxas spills the rest to the stack)."""
     consts = dict(consts, **{k: 1 for k, v in ints.items() if v == 1})
     sig = {n: ("constexpr" if n in consts else SIGNATURE[n]) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or (n in ints and n not in consts and ints[n] % 16 == 0)}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": num_warps, "num_stages": num_stages})
+                        options={"num_warps": num_warps, "num_stages": num_stages,
+                                 **({"maxnreg": maxnreg} if maxnreg else {})})
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
@@ -220,9 +223,10 @@ def backfill_lines() -> tuple:
     return narrow, full
 
 
-def moe_sass(shape: str, T: int, trace: bool = False) -> dict:
+def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
-    bf16, int32 ids): counts, resources and the programs per SM they allow."""
+    bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
+    programs per SM they allow."""
     from base_sglang.kernels.fused_moe import default_config
 
     s = SHAPES[shape]
@@ -236,7 +240,7 @@ def moe_sass(shape: str, T: int, trace: bool = False) -> dict:
                   USE_PDL=True, TRACE=trace)
     r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
                                                    n_units=1000), cfg.up.num_warps,
-                     num_stages=cfg.up.num_stages)
+                     num_stages=cfg.up.num_stages, maxnreg=maxnreg or cfg.maxnreg or None)
     warps = cfg.up.num_warps
     per_sm = programs_fit(r["registers"], r["shared"], warps)  # moe_one's clamp, an H100/H200 SM
     return dict(r, one_launch=cfg.one_launch, tiles=f"bm{cfg.block_m}/up{cfg.up.block_n},"
@@ -256,6 +260,8 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true",
                     help="the one-launch MoE (kernels/moe_one.py) with the tuned budget tiles")
     ap.add_argument("--trace", action="store_true", help="--moe: with the trace stamps compiled in")
+    ap.add_argument("--maxnreg", type=int, nargs="+", default=[0],
+                    help="--moe: register caps to compile (0 = the tuned row's, default)")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -269,12 +275,14 @@ def main() -> int:
     for T in args.tokens:
         for tiles in args.tiles:
             if args.moe:
-                r = moe_sass(args.shape, T, args.trace)
-                rows.append(dict(T=T, trace=args.trace, **{k: v for k, v in r.items()
-                                                           if k not in ("opcodes", "sass", "lined")}))
-                print(f"T={T:<3} moe_one {r['tiles']:28} {r['instructions']:6} instructions  "
-                      f"{r['registers']:3} regs  {r['shared']} B shared -> {r['programs_per_sm']} per SM  "
-                      f"LDGSTS {r['ldgsts']}  stack {r['stack']}  globaltimer {r['globaltimer']}")
+                for cap in args.maxnreg:
+                    r = moe_sass(args.shape, T, args.trace, cap)
+                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, **{
+                        k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
+                    print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "
+                          f"{r['instructions']:6} instructions  {r['registers']:3} regs  {r['shared']} B "
+                          f"shared -> {r['programs_per_sm']} per SM  LDGSTS {r['ldgsts']}  stack "
+                          f"{r['stack']}  globaltimer {r['globaltimer']}")
                 continue
             if args.split:
                 r = split_sass(args.shape, T, tiles)

@@ -265,6 +265,7 @@ def moe_one(
     num_warps: int = 4,
     num_stages: int = 3,
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
+    maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
@@ -279,6 +280,7 @@ def moe_one(
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
+    check(maxnreg is None or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
     ids = ids.contiguous()
     weights = weights.contiguous()
     out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
@@ -294,7 +296,8 @@ def moe_one(
     check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
-                                   **({"launch_cooperative_grid": True} if cooperative else {}))
+                                   **({"launch_cooperative_grid": True} if cooperative else {}),
+                                   **({"maxnreg": maxnreg} if maxnreg else {}))
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,

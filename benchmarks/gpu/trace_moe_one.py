@@ -5,7 +5,7 @@
 For each shape, T and BASE budget M (ids from base_select_experts, policy base, random predictor,
 as sweep_moe.py) it takes the shipped tuned config (kernels/configs; forced to the one-launch
 structure when the row is not one), then for each variant ("shipped", or overrides of it joined by
-"/": up=BN:BK:WARPS:STAGES, dn=BN:BK, c=CTAS per SM):
+"/": up=BN:BK:WARPS:STAGES, dn=BN:BK, c=CTAS per SM, r=MAXNREG registers per thread):
   - checks the output against the fp32 reference (rel. L2 < 1e-2) and run to run bitwise;
   - times it as sweep_moe.py does (CUDA graph of 10 calls, median of 15, 3 rotating weight copies);
   - traces one eager launch on a weight copy not touched by the previous launch: %globaltimer stamps
@@ -50,7 +50,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" joined by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" joined by "/" -> the config."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -61,16 +61,18 @@ def parse_variant(v: str, cfg):
                                                                     block_k=nums[1]))
         elif key == "c" and len(nums) == 1:
             cfg = dataclasses.replace(cfg, ctas_per_sm=nums[0])
+        elif key == "r" and len(nums) == 1 and 24 <= nums[0] <= 255:
+            cfg = dataclasses.replace(cfg, maxnreg=nums[0])
         else:
-            raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N joined "
-                             f"by /, got {o!r} in {v!r}")
+            raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255 "
+                             f"joined by /, got {o!r} in {v!r}")
     return cfg
 
 
 def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
-                num_stages=cfg.up.num_stages, programs=programs)
+                num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None)
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741

@@ -458,11 +458,13 @@ def test_trace_moe_one_variants_layout_and_summary():
     c = trace_moe.parse_variant("up=32:256:8:2/dn=64:128/c=2", cfg)
     assert c.up == GemmConfig(32, 256, 8, 2) and (c.down.block_n, c.down.block_k) == (64, 128)
     assert c.ctas_per_sm == 2 and c.down.num_warps == cfg.down.num_warps
-    for bad in ("x", "up=1:2", "zz=3", "shipped/c=2"):
+    for bad in ("x", "up=1:2", "zz=3", "shipped/c=2", "r=8", "r=300", "r=1:2"):
         with pytest.raises(SystemExit):
             trace_moe.parse_variant(bad, cfg)
     kw = trace_moe.one_kwargs(c, 264)
     assert kw["up"] == (32, 256) and kw["num_warps"] == 8 and kw["programs"] == 264
+    assert kw["maxnreg"] is None  # the row's (none): ptxas's choice
+    assert trace_moe.one_kwargs(trace_moe.parse_variant("r=168/c=3", cfg), 396)["maxnreg"] == 168
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns

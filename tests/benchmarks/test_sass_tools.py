@@ -96,19 +96,22 @@ def test_one_launch_moe_compiles_pipelined_with_the_trace_compiled_out(tmp_path)
     # kernel's Python, not its compile, so a construct only the GPU compile rejects shows here (a
     # ninth-session variant failed that way on the device). Both GEMM loops stream through shared
     # memory (LDGSTS: cp.async), two programs fit an SM (Triton 3.6: 180 registers, 72 KB), no
-    # spill, and the trace stamps are compiled out unless asked for.
+    # spill, and the trace stamps are compiled out unless asked for. A register cap of 168 lets a
+    # third program fit (72 KB of shared memory allows 3) at the price of a small spill.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     rows = []
-    for extra in ([], ["--trace"]):
+    for extra in (["--maxnreg", "0", "168"], ["--trace"]):
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_count.py"), "--moe",
                               "--tokens", "16", *extra, "--json", str(tmp_path / "m.json")],
                              capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
-        rows.append(json.loads((tmp_path / "m.json").read_text())["rows"][0])
-    plain, traced = rows
+        rows += json.loads((tmp_path / "m.json").read_text())["rows"]
+    plain, capped, traced = rows
     assert plain["one_launch"] and plain["ldgsts"] > 0 and plain["stack"] == 0
     assert plain["programs_per_sm"] >= 2 and plain["shared"] <= 233472 // 2 - 1024
     assert not plain["globaltimer"] and traced["globaltimer"]
+    assert (capped["maxnreg"], plain["maxnreg"]) == (168, 0) and capped["registers"] <= 168
+    assert capped["programs_per_sm"] == 3 and capped["ldgsts"] == plain["ldgsts"]
 
 
 def test_sass_count_refuses_the_interpreter():

@@ -131,10 +131,16 @@ def test_through_fused_moe_config():
     y = fused_moe(x, ids, w, gu, dn, config=cfg)
     assert torch.equal(y, moe_one(x, ids, w, gu, dn, **TILES))
     assert MoeConfig.from_dict(dict(block_m=16, pair_major=False, up={}, down={})).one_launch is False
+    row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True, maxnreg=168)
+    assert MoeConfig.from_dict(row).maxnreg == 168
+    capped = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
+                       maxnreg=168)  # a register cap changes the compile, not the result
+    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=capped), y)
 
 
 @pytest.mark.parametrize("kwargs,field", [(dict(block_m=24), "block_m"), (dict(up=(24, 16)), "up"),
-                                          (dict(down_tiles=(16, 8)), "down_tiles")])
+                                          (dict(down_tiles=(16, 8)), "down_tiles"),
+                                          (dict(maxnreg=16), "maxnreg"), (dict(maxnreg=256), "maxnreg")])
 def test_bad_tiles_name_the_field(kwargs, field):
     x, ids, w, gu, dn = case(2, 4, 2)
     with pytest.raises(ValueError, match=field):
