@@ -8,7 +8,8 @@ bench_fused_moe does (CUDA graph of 10 calls, median of 15 replays, 3 rotating w
     pair      pair-major (no align) -> combine                3          (T <= 4 only)
     one/one2  the whole layer in one persistent launch, 1 or 2 programs per SM (T <= 32)
 then, for --tile-tokens, a coordinate search (BLOCK_M, up tiles, down tiles, grid order of each
-GEMM) on the faster structure. (An earlier version also timed the combine folded into the down GEMM
+GEMM; one launch: programs per SM, and last a register cap with the programs it lets fit, REGS) on
+the faster structure. (An earlier version also timed the combine folded into the down GEMM
 and an L2 prefetch of the down weights before the PDL wait: both measured slower or equal, and
 were removed; benchmarks/results/kernels_h200_moe/README.md.) Every output is checked against the grouped default (rel. L2 < 1e-2) before it is
 timed. Prints one line per cell; writes sweep_moe.json (every timing, the winners, provenance).
@@ -62,6 +63,10 @@ ONE_UP = [GemmConfig(32, 128, 4, 4), GemmConfig(64, 128, 4, 3), GemmConfig(64, 6
           GemmConfig(64, 256, 4, 2)]
 ONE_DOWN = [GemmConfig(128, 64, 4, 4), GemmConfig(128, 128, 4, 4), GemmConfig(64, 128, 4, 4),
             GemmConfig(256, 64, 4, 4), GemmConfig(64, 256, 4, 4)]
+# one launch, (maxnreg, programs per SM): Triton 3.6 compiles the tuned 4-warp tiles to 190-255
+# registers, 2 programs per SM; 168 lets 3 fit, 128 lets 4 fit where shared memory allows
+# (benchmarks/sass_count.py --moe --maxnreg)
+REGS = [(0, 2), (168, 3), (128, 4)]
 
 
 def structures(base: MoeConfig, T: int) -> dict[str, MoeConfig]:
@@ -80,6 +85,7 @@ def short(cfg: dict) -> str:
     def g(c):
         return f"{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']}{'n' if c['n_fast'] else 'b'}"
     one = f"O{cfg.get('ctas_per_sm', 1)}" if cfg.get("one_launch") else ""
+    one += f"R{cfg['maxnreg']}" if cfg.get("one_launch") and cfg.get("maxnreg") else ""
     return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}{one}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
 
 
@@ -88,6 +94,9 @@ def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeC
     if stage == "ctas":
         return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3, 4)
                 if cfg.one_launch and c != cfg.ctas_per_sm]
+    if stage == "regs":
+        return [dataclasses.replace(cfg, maxnreg=r, ctas_per_sm=c) for r, c in REGS
+                if cfg.one_launch and (r, c) != (cfg.maxnreg, cfg.ctas_per_sm)]
     if cfg.one_launch:  # one launch: no grid order; the up tiles' warps / stages are the launch's
         if stage == "up":
             return [dataclasses.replace(cfg, up=u) for u in ONE_UP if u != cfg.up]
@@ -186,7 +195,7 @@ def main() -> int:
                         cfg = structures(base, T)[search]
                         best_t = times[search]
                         trials = []
-                        for stage in ("bm", "order", "ctas", "up", "down", "order", "ctas"):
+                        for stage in ("bm", "order", "ctas", "up", "down", "order", "ctas", "regs"):
                             for c in candidates(stage, cfg, T * K, n_read):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))

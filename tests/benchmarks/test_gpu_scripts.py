@@ -5,6 +5,7 @@ plugin's per-step trace. What needs a GPU and SGLang runs on the device (run_sgl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -479,3 +480,20 @@ def test_trace_moe_one_variants_layout_and_summary():
     assert (g["start_spread_us"], g["align_done_us"], g["up_last_end_us"]) == (0.1, 0.5, 9.0)
     assert (g["down_last_go_us"], g["down_compute_mean_us"], g["span_us"]) == (9.2, 3.8, 13.5)
     assert g["up_mean_us"] == round(((9_000 - 1_500) + (10_000 - 1_600)) / 2 / 1e3, 2)
+
+
+# ---- sweep_moe: the one-launch register-cap stage ---------------------------------------------------
+def test_sweep_moe_register_stage_pairs_caps_with_programs():
+    sweep = importlib.import_module("sweep_moe")
+    from base_sglang.kernels.fused_moe import MoeConfig
+    from base_sglang.kernels.moe_gemm import GemmConfig
+
+    one = MoeConfig(up=GemmConfig(64, 128, 4, 3), one_launch=True, ctas_per_sm=3)
+    got = {(c.maxnreg, c.ctas_per_sm) for c in sweep.candidates("regs", one, 128, 16)}
+    assert got == {(0, 2), (168, 3), (128, 4)}  # (0, 3) is the start: uncapped, clamped to 2
+    capped = sweep.candidates("regs", one, 128, 16)[1]
+    assert {(c.maxnreg, c.ctas_per_sm) for c in sweep.candidates("regs", capped, 128, 16)} == \
+        {(0, 2), (128, 4)}
+    assert sweep.candidates("regs", MoeConfig(), 128, 16) == []  # grouped launches: no stage
+    assert "O3R168/" in sweep.short(dataclasses.asdict(capped))
+    assert "R" not in sweep.short(dataclasses.asdict(one)).split("/")[0]
