@@ -236,7 +236,8 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
     consts = dict(H=H, I=I, E=E, K=K, JMAX=triton.next_power_of_2(min(E, P)),
                   BLOCK_P=max(16, triton.next_power_of_2(P)), BLOCK_E=triton.next_power_of_2(E),
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
-                  BN2=cfg.down.block_n, BK2=cfg.down.block_k, DOT_F32=False, BAR_BITS=BAR_BITS,
+                  BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
+                  DOT_F32=False, BAR_BITS=BAR_BITS,
                   USE_PDL=True, TRACE=trace)
     r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
                                                    n_units=1000), cfg.up.num_warps,

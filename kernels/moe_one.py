@@ -26,7 +26,8 @@ Deterministic: every output element is computed by one program in a fixed order.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
-tile, BN1/BN2 output columns per up/down unit, BK1/BK2 reduction steps.
+tile, BN1/BN2 output columns per up/down tile, UPC <= BN1 of them used per up unit (fewer columns per
+unit, more up units: they can spread over more SMs), BK1/BK2 reduction steps.
 """
 
 from __future__ import annotations
@@ -101,10 +102,10 @@ def _moe_one_kernel(
     T, stride_x, stride_y, n_prog, n_units,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
-    BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
+    BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
 ):
-    NT1: tl.constexpr = (I + BN1 - 1) // BN1  # up units per expert
+    NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()
@@ -148,8 +149,8 @@ def _moe_one_kernel(
             j = u // NT1
             nt = u % NT1
             e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
-            ns = nt * BN1 + tl.arange(0, BN1)  # [BN1]
-            nmask = ns < I
+            ns = nt * UPC + tl.arange(0, BN1)  # [BN1]
+            nmask = (tl.arange(0, BN1) < UPC) & (ns < I)
             ks = tl.arange(0, BK1)  # [BK1]
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
@@ -262,6 +263,7 @@ def moe_one(
     block_m: int = 16,
     up: tuple[int, int] = (32, 128),  # (BN1, BK1)
     down_tiles: tuple[int, int] = (64, 128),  # (BN2, BK2)
+    up_cols: int | None = None,  # UPC: columns of I per up unit (default BN1; a multiple of 8)
     num_warps: int = 4,
     num_stages: int = 3,
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
@@ -279,6 +281,8 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
+    upc = up_cols or bn1
+    check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     check(maxnreg is None or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
     ids = ids.contiguous()
@@ -292,7 +296,7 @@ def moe_one(
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
     sync = barrier_buffer(dev, 1 + jmax + nt2)  # [gen, flag[JMAX], hcount[NT2]]
     interp = is_interpreter() or dev.type != "cuda"
-    units = moe_one_units(T, E, K, H, I, up, down_tiles)
+    units = moe_one_units(T, E, K, H, I, up, down_tiles, upc)
     check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
@@ -300,7 +304,7 @@ def moe_one(
                                    **({"maxnreg": maxnreg} if maxnreg else {}))
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
-                  BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, DOT_F32=interp, BAR_BITS=BAR_BITS,
+                  BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
                   USE_PDL=pdl, TRACE=trace is not None, num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
@@ -325,6 +329,6 @@ def moe_one(
 
 
 def moe_one_units(T: int, E: int, K: int, H: int, I: int, up: tuple[int, int],  # noqa: E741
-                  down_tiles: tuple[int, int]) -> int:
+                  down_tiles: tuple[int, int], up_cols: int | None = None) -> int:
     """The most work units one launch can have (every expert a pair could select active)."""
-    return min(E, T * K) * (triton.cdiv(I, up[0]) + triton.cdiv(H, down_tiles[0]))
+    return min(E, T * K) * (triton.cdiv(I, up_cols or up[0]) + triton.cdiv(H, down_tiles[0]))

@@ -5,7 +5,8 @@
 For each shape, T and BASE budget M (ids from base_select_experts, policy base, random predictor,
 as sweep_moe.py) it takes the shipped tuned config (kernels/configs; forced to the one-launch
 structure when the row is not one), then for each variant ("shipped", or overrides of it joined by
-"/": up=BN:BK:WARPS:STAGES, dn=BN:BK, c=CTAS per SM, r=MAXNREG registers per thread):
+"/": up=BN:BK:WARPS:STAGES, dn=BN:BK, c=CTAS per SM, r=MAXNREG registers per thread, u=UP_COLS
+columns per up unit):
   - checks the output against the fp32 reference (rel. L2 < 1e-2) and run to run bitwise;
   - times it as sweep_moe.py does (CUDA graph of 10 calls, median of 15, 3 rotating weight copies);
   - traces one eager launch on a weight copy not touched by the previous launch: %globaltimer stamps
@@ -50,7 +51,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" joined by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" joined by "/" -> the config."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -63,21 +64,24 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, ctas_per_sm=nums[0])
         elif key == "r" and len(nums) == 1 and 24 <= nums[0] <= 255:
             cfg = dataclasses.replace(cfg, maxnreg=nums[0])
+        elif key == "u" and len(nums) == 1 and nums[0] % 8 == 0 and nums[0] > 0:
+            cfg = dataclasses.replace(cfg, up_cols=nums[0])
         else:
-            raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255 "
-                             f"joined by /, got {o!r} in {v!r}")
+            raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
+                             f"u=8k joined by /, got {o!r} in {v!r}")
     return cfg
 
 
 def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
-                num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None)
+                num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
+                up_cols=cfg.up_cols or None)
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741
     """(up units, all units) of a launch with n_act active experts."""
-    nt1, nt2 = -(-I // cfg.up.block_n), -(-H // cfg.down.block_n)
+    nt1, nt2 = -(-I // (cfg.up_cols or cfg.up.block_n)), -(-H // cfg.down.block_n)
     return n_act * nt1, n_act * (nt1 + nt2)
 
 
@@ -168,7 +172,7 @@ def main() -> int:
                         line = (f"{shape:14} {T:>3} {M:>3} {n_read:>4} {floor:6.1f} {name:>18} {t:7.1f} "
                                 f"{t / floor:5.2f}")
                         if name in traced and DEVICE == "cuda":  # not in a dry run
-                            units = moe_one_units(T, E, K, H, I, kw["up"], kw["down_tiles"])
+                            units = moe_one_units(T, E, K, H, I, kw["up"], kw["down_tiles"], kw["up_cols"])
                             moe_one(hidden, ids, w, gus[2], dns[2], **kw)  # L2 holds copy 2
                             tr = trace_once(hidden, ids, w, gus[0], dns[0], kw, units)
                             u1, real = layout(n_read, H, I, vcfg)

@@ -466,6 +466,12 @@ def test_trace_moe_one_variants_layout_and_summary():
     assert kw["up"] == (32, 256) and kw["num_warps"] == 8 and kw["programs"] == 264
     assert kw["maxnreg"] is None  # the row's (none): ptxas's choice
     assert trace_moe.one_kwargs(trace_moe.parse_variant("r=168/c=3", cfg), 396)["maxnreg"] == 168
+    u48 = trace_moe.parse_variant("u=48", cfg)
+    assert trace_moe.one_kwargs(u48, 264)["up_cols"] == 48 and kw["up_cols"] is None
+    assert trace_moe.layout(8, 2048, 768, u48) == (128, 256)  # 16 up units per expert
+    for bad in ("u=12", "u=0"):
+        with pytest.raises(SystemExit):
+            trace_moe.parse_variant(bad, cfg)
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns

@@ -47,6 +47,25 @@ def test_matches_reference_and_four_launches(T, E, K, H, I, id_dtype):  # noqa: 
     assert rel_err(y, four) < 1e-3
 
 
+@pytest.mark.parametrize("up_cols", [8, 16])
+def test_fewer_columns_per_up_unit_same_output(up_cols):
+    # UPC < BN1: more up units, each using the first UPC columns of its tile (I = 40: 5 units of 8)
+    x, ids, w, gu, dn = case(5, 7, 3, 48, 40, seed=4)
+    y = moe_one(x, ids, w, gu, dn, up_cols=up_cols, **TILES)
+    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
+    assert torch.equal(y, moe_one(x, ids, w, gu, dn, **TILES))  # per element the same dot products
+    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
+                    up_cols=up_cols)
+    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
+
+
+@pytest.mark.parametrize("up_cols", [12, 32, 4])
+def test_bad_up_cols_name_the_field(up_cols):
+    x, ids, w, gu, dn = case(2, 4, 2)
+    with pytest.raises(ValueError, match="up_cols"):
+        moe_one(x, ids, w, gu, dn, up_cols=up_cols, **TILES)
+
+
 def test_dropped_slots_rows_and_everything():
     x, ids, w, gu, dn = case(5, 7, 3, seed=3)
     ids = ids.clone()
