@@ -61,6 +61,8 @@ from kernel_common import (  # noqa: E402
     write_rows,
 )
 
+ALL_SHAPES = dict(SHAPES)  # --shapes narrows SHAPES (the loops); the fixed-shape checks use this
+
 from base_sglang.core import (  # noqa: E402
     Predictor,
     SelectionConfig,
@@ -192,7 +194,7 @@ def check_fused_barrier() -> None:
 
 
 def check_graph() -> None:
-    s = SHAPES["qwen3-30b-a3b"]
+    s = ALL_SHAPES["qwen3-30b-a3b"]
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
     T = 16
     pred = make_predictor(E, H)
@@ -246,7 +248,7 @@ BASE_PLUS_CONFIGS = [("base_plus", "native", a) for a in (0.0, 0.5, 1.0)] + [("b
 
 def check_base_plus() -> None:
     """base_plus / partial: kernel vs core at the Qwen3 shape, with both norm_topk_prob conventions."""
-    s = SHAPES["qwen3-30b-a3b"]
+    s = ALL_SHAPES["qwen3-30b-a3b"]
     E, K, H = s["E"], s["K"], s["H"]
     pred = make_predictor(E, H)
     for T in BASE_PLUS_TOKENS:
@@ -279,7 +281,7 @@ def check_base_plus() -> None:
 
 def check_graph_base_plus() -> None:
     """base_plus captured once in a CUDA graph, replayed with changed budgets == eager (bitwise)."""
-    s = SHAPES["qwen3-30b-a3b"]
+    s = ALL_SHAPES["qwen3-30b-a3b"]
     E, K, H = s["E"], s["K"], s["H"]
     T = 16
     pred = make_predictor(E, H)
@@ -300,7 +302,7 @@ def check_graph_base_plus() -> None:
 
 def time_base_plus(out_dir: str) -> None:
     """Selection latency of base vs base_plus (both launches, graph replay) at the Qwen3 shape."""
-    s = SHAPES["qwen3-30b-a3b"]
+    s = ALL_SHAPES["qwen3-30b-a3b"]
     E, K, H = s["E"], s["K"], s["H"]
     pred = make_predictor(E, H)
     rows = []
@@ -394,7 +396,7 @@ def check_moe_paths() -> None:
 def check_moe_graph() -> None:
     """Selection + fused_moe (pair-major at T=1, grouped at T=16) in one CUDA graph: replays with
     new budgets == eager; two streams."""
-    s = SHAPES["qwen3-30b-a3b"]
+    s = ALL_SHAPES["qwen3-30b-a3b"]
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
     pred = make_predictor(E, H)
     gate_up, down = make_experts(E, H, I, seed=1)
@@ -469,7 +471,7 @@ def route_case(shape: str, T: int, seed: int = 0):
     """(folded GEMM weight [2E, H], z [T, H], predictor) for one shape: a random bf16 router."""
     from base_sglang.core.routing import fold_router
 
-    s = SHAPES[shape]
+    s = ALL_SHAPES[shape]
     E, H = s["E"], s["H"]
     pred = make_predictor(E, H, seed=seed)
     g = torch.Generator().manual_seed(seed)
@@ -664,7 +666,7 @@ def check_route_graph(T: int = 16, name: str = "route_graph_replay") -> None:
     from base_sglang.kernels import route_select_experts
 
     shape = "qwen3-30b-a3b"
-    s = SHAPES[shape]
+    s = ALL_SHAPES[shape]
     E, K = s["E"], s["K"]
     w2, z, pred = route_case(shape, T, seed=3)
     cfg = SelectionConfig(policy="base_plus")

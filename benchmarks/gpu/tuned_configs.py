@@ -1,10 +1,16 @@
 """Write kernels/configs/<GPU>.json (the tuned fused_moe configs) from a sweep_moe.py result.
 
-    python benchmarks/gpu/tuned_configs.py SWEEP_JSON [SWEEP_JSON ...] [--out kernels/configs]
+    python benchmarks/gpu/tuned_configs.py SWEEP_JSON [SWEEP_JSON ...] [--trace TRACE_JSON ...]
+        [--out kernels/configs]
 Several sweeps of one GPU merge (a later file's cell replaces an earlier one's, or with
 --keep-faster the faster of them). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
 row of its shape, routing kind (dense top-k, or BASE-selected: "budget") and T. The provenance
 (GPU, commit, torch/triton, the sweep file) is copied in. kernels/moe_configs.py reads the file.
+--trace: trace_moe_one.py results (variants of the shipped one-launch rows, timed at BASE budgets
+M): a variant replaces its "budget" row where it was timed in at least two of the files (every file
+when only one is given), is never more than 1 % slower than "shipped" and at least 2 % faster in the
+median, over every (file, M) that timed both (ADOPT_*); the row records the variant and those
+ratios.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kernel_common import SHAPES  # noqa: E402
 from sweep_moe import structures  # noqa: E402
+from trace_moe_one import parse_variant  # noqa: E402
 
 from base_sglang.kernels.fused_moe import MoeConfig, default_config  # noqa: E402
 from base_sglang.kernels.moe_configs import shape_key  # noqa: E402
@@ -47,11 +55,46 @@ def rows_from_sweep(sweep: dict, keep_faster: bool = False) -> dict:
     return shapes
 
 
+ADOPT_MIN, ADOPT_MEDIAN = 0.99, 1.02  # shipped / variant time: never below, median at least
+
+
+def apply_traces(shapes: dict, traces: list[dict]) -> list[str]:
+    """Adopt trace variants into the budget rows of `shapes` (in place); returns what changed."""
+    ratios: dict[tuple, dict[str, list[float]]] = {}
+    files: dict[tuple, set[int]] = {}
+    for i, tr in enumerate(traces):
+        cells: dict[tuple, dict[str, float]] = {}
+        for c in tr["cells"]:
+            if "us" in c and c.get("shipped_one_launch"):
+                cells.setdefault((c["shape"], c["T"], c["M"]), {})[c["variant"]] = c["us"]
+        for (shape, T, _), by in cells.items():
+            for v, us in by.items():
+                if v != "shipped" and "shipped" in by:
+                    ratios.setdefault((shape, T), {}).setdefault(v, []).append(by["shipped"] / us)
+                    files.setdefault((shape, T, v), set()).add(i)
+    changed = []
+    for (shape, T), by in sorted(ratios.items()):
+        s = SHAPES[shape]
+        rows = shapes.get(shape_key(s["E"], s["H"], s["I"], s["K"]), {}).get("budget", {})
+        row = rows.get(str(T))
+        good = {v: r for v, r in by.items() if len(files[shape, T, v]) >= min(2, len(traces))
+                and min(r) >= ADOPT_MIN and statistics.median(r) >= ADOPT_MEDIAN}
+        if row is None or not row.get("one_launch") or not good:
+            continue
+        v = max(good, key=lambda k: statistics.median(good[k]))
+        cfg = parse_variant(v, MoeConfig.from_dict(row))
+        rows[str(T)] = {**dataclasses.asdict(cfg), "us": row["us"], "floor_us": row["floor_us"],
+                        "trace_variant": v, "trace_ratios": [round(x, 3) for x in good[v]]}
+        changed.append(f"{shape} T={T}: {v} (shipped / variant {min(good[v]):.3f}-{max(good[v]):.3f})")
+    return changed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("sweep", nargs="+")
     ap.add_argument("--keep-faster", action="store_true",
                     help="where sweeps share a cell keep the faster row (default: the later file's)")
+    ap.add_argument("--trace", nargs="*", default=[], help="trace_moe_one.json files (see above)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "kernels",
                                                   "configs"))
     args = ap.parse_args()
@@ -69,6 +112,16 @@ def main() -> int:
                                         "copy_bw_gbs": sw.get("copy_bw_gbs")}
                                        for p, sw in zip(args.sweep, sweeps)]},
              "shapes": rows_from_sweep(merged, args.keep_faster)}
+    if args.trace:
+        traces = [json.load(open(p)) for p in args.trace]
+        if {t.get("gpu") for t in traces} != {gpu}:
+            print(f"--trace: every file must be of {gpu}", file=sys.stderr)
+            return 2
+        for line in apply_traces(table["shapes"], traces):
+            print("adopted", line)
+        table["provenance"]["traces"] = [{"file": os.path.relpath(p), "commit": t.get("commit"),
+                                          "triton": t.get("triton"), "copy_bw_gbs": t.get("copy_bw_gbs")}
+                                         for p, t in zip(args.trace, traces)]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, gpu.replace(" ", "_") + ".json")
     with open(path, "w") as f:

@@ -503,3 +503,44 @@ def test_sweep_moe_register_stage_pairs_caps_with_programs():
     assert sweep.candidates("regs", MoeConfig(), 128, 16) == []  # grouped launches: no stage
     assert "O3R168/" in sweep.short(dataclasses.asdict(capped))
     assert "R" not in sweep.short(dataclasses.asdict(one)).split("/")[0]
+
+
+# ---- tuned_configs --trace: trace variants adopted into the budget rows -----------------------------
+def test_tuned_configs_adopts_trace_variants_by_rule():
+    tc = importlib.import_module("tuned_configs")
+    from base_sglang.kernels.fused_moe import MoeConfig
+    from base_sglang.kernels.moe_configs import shape_key
+    from base_sglang.kernels.moe_gemm import GemmConfig
+
+    key = shape_key(128, 2048, 768, 8)  # qwen3-30b-a3b
+    one = {**dataclasses.asdict(MoeConfig(up=GemmConfig(64, 128, 4, 3), one_launch=True,
+                                          ctas_per_sm=3)), "us": 50.0, "floor_us": 36.0}
+    grouped = {**dataclasses.asdict(MoeConfig()), "us": 90.0, "floor_us": 36.0}
+
+    def shapes():
+        return {key: {"budget": {"8": dict(one), "16": dict(one), "64": dict(grouped)},
+                      "dense": {"16": dict(one)}}}
+
+    def cell(T, M, v, us):
+        return dict(shape="qwen3-30b-a3b", T=T, M=M, variant=v, us=us, shipped_one_launch=T != 64)
+
+    def trace(scale):  # T=16: u=48 4-8 % faster; T=8: u=48 1.5 % slower at M=16; c=2 only here
+        return {"cells": [cell(16, 8, "shipped", 33.0), cell(16, 8, "u=48", 31.0 * scale),
+                          cell(16, 16, "shipped", 48.0), cell(16, 16, "u=48", 46.0 * scale),
+                          cell(8, 8, "shipped", 33.0), cell(8, 8, "u=48", 31.0),
+                          cell(8, 16, "shipped", 47.0), cell(8, 16, "u=48", 47.7),
+                          cell(64, 16, "shipped", 90.0), cell(64, 16, "u=48", 80.0)]}
+
+    s = shapes()
+    extra = trace(1.0)
+    extra["cells"] += [cell(16, 16, "c=2", 40.0)]  # much faster, but in one file of two
+    changed = tc.apply_traces(s, [trace(1.0), extra])
+    rows = s[key]["budget"]
+    assert changed == ["qwen3-30b-a3b T=16: u=48 (shipped / variant 1.043-1.065)"]
+    assert MoeConfig.from_dict(rows["16"]).up_cols == 48 and rows["16"]["trace_variant"] == "u=48"
+    assert rows["16"]["trace_ratios"] == [1.065, 1.043, 1.065, 1.043] and rows["16"]["us"] == 50.0
+    assert rows["8"] == one  # slower than 0.99 at one point
+    assert rows["64"] == grouped  # not a one-launch row
+    assert s[key]["dense"]["16"] == one  # dense rows are never touched
+    s1 = shapes()
+    assert tc.apply_traces(s1, [extra])[0].startswith("qwen3-30b-a3b T=16: c=2")  # one file: enough
