@@ -9,7 +9,13 @@ route:  base_select.json's folded-router columns (what BASE adds to the router's
 fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh side by side;
 moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang);
 hook:   DIR/moe_hook.json of gpu/check_moe_hook.py (the plugin's MoE hook on the GPU);
-sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search.
+sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search;
+trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), one column per folder
+        and variant (graph µs and x byte floor);
+profile: DIR/e2e_A and DIR/e2e_B profile_b16.json of bench_decode.py (A, B = split, fold or new,
+        old): one profiled decode step's GPU time per kernel, GPU busy and idle time;
+table_e2e: DIR/e2e_new and DIR/e2e_old summary.json (this commit's tuned table against the table
+        without trace variants).
 """
 
 from __future__ import annotations
@@ -156,6 +162,60 @@ def trace_table(folder: str) -> str:
     return "\n".join(out)
 
 
+def trace_grid(folders: list[str]) -> str:
+    """trace_moe_one.json of several folders as one grid: µs (x floor) per folder and variant."""
+    cols, grid, floors = [], {}, {}
+    for folder in folders:
+        with open(os.path.join(folder, "trace_moe_one.json")) as f:
+            cells = json.load(f)["cells"]
+        tag = os.path.basename(os.path.dirname(os.path.abspath(folder))) or folder
+        for c in cells:
+            col = f"{tag}: {c['variant']}"
+            if col not in cols:
+                cols.append(col)
+            key = (c["shape"], c["T"], c["M"])
+            floors[key] = c["floor_us"]
+            grid.setdefault(key, {})[col] = (f"{c['us']:.1f} ({c['x_floor']:.2f})" if "us" in c
+                                             else "not run")
+    out = ["| shape | T | M | floor µs | " + " | ".join(cols) + " |",
+           "|---|---:|---:|---:|" + "---:|" * len(cols)]
+    for key in sorted(grid):
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {floors[key]:.1f} | "
+                   + " | ".join(grid[key].get(c, "-") for c in cols) + " |")
+    return "\n".join(out)
+
+
+def profile_table(folder: str, a: str, b: str, min_ms: float = 0.05) -> str:
+    """One profiled graph step (bench_decode.py profile_b16.json) of two runs: per kernel ms per
+    step and µs per launch (kernels with >= min_ms in either), GPU busy, step - busy (idle)."""
+    runs = {}
+    for name in (a, b):
+        with open(os.path.join(folder, f"e2e_{name}", "profile_b16.json")) as f:
+            prof = json.load(f)
+        runs[name] = next(v for k, v in prof.items() if not k.startswith("_"))
+    kern = {n: {k["name"]: k for k in r["graph_kernels"]["top_kernels"]} for n, r in runs.items()}
+    names = [k for k in dict.fromkeys(list(kern[a]) + list(kern[b]))
+             if max(kern[n].get(k, {}).get("ms_per_step", 0) for n in (a, b)) >= min_ms]
+    r0 = runs[a]
+    out = [f"B = {r0['batch']}, budget {r0['budget']}, {r0['routing']} routing", "",
+           f"| | {a} ms/step | {a} µs/launch | {b} ms/step | {b} µs/launch |", "|---|---:|---:|---:|---:|"]
+
+    def cells(n, k):
+        e = kern[n].get(k)
+        if not e:
+            return "-", "-"
+        return f"{e['ms_per_step']:.3f}", f"{e['ms_per_step'] * 1e3 / max(e['launches_per_step'], 1):.1f}"
+
+    for k in names:
+        short = k if len(k) <= 60 else k[:57] + "..."
+        out.append(f"| `{short}` | " + " | ".join(x for n in (a, b) for x in cells(n, k)) + " |")
+    for label, f in (("graph step", lambda r: r["graph_step_ms"]),
+                     ("GPU busy", lambda r: r["graph_kernels"]["gpu_busy_ms_per_step"]),
+                     ("step - busy", lambda r: r["graph_step_ms"] - r["graph_kernels"]["gpu_busy_ms_per_step"])):
+        out.append(f"| **{label}** | " + " | ".join(f"{f(runs[n]):.3f} | -" for n in (a, b)) + " |")
+    return "\n".join(out)
+
+
 def hook_table(folder: str) -> str:
     """One row per (shape, T) of check_moe_hook.py: which kernel ran, errors, bitwise checks."""
     with open(os.path.join(folder, "moe_hook.json")) as f:
@@ -222,13 +282,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
-                                     "trace"))
+                                     "trace", "trace_grid", "profile", "table_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
     kind = args.kind
     if kind in ("sweep", "split"):
         print((sweep_table if kind == "sweep" else split_table)(args.folder))
+        return 0
+    if kind == "trace_grid":
+        print(trace_grid(args.folder))
         return 0
     args.folder = args.folder[0]
     if kind == "fold":
@@ -245,6 +308,14 @@ def main() -> int:
         return 0
     if kind == "trace":  # gpu/trace_moe_one.py
         print(trace_table(args.folder))
+        return 0
+    if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old
+        pair = (("split", "fold") if os.path.isdir(os.path.join(args.folder, "e2e_split"))
+                else ("new", "old"))
+        print(profile_table(args.folder, *pair))
+        return 0
+    if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
+        print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))
         return 0
     if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
         print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))

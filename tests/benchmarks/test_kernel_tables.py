@@ -131,3 +131,39 @@ def test_trace_table_and_the_split_against_fold_decode_table(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2:] == ["| 8 | 16 | not run (time budget) | 5.50 | - |",
                                            "| 16 | 16 | 6.04 | 5.82 | 0.964 |"]
+
+
+def test_trace_grid_and_profile_tables(tmp_path):
+    for call, us in (("a", 40.0), ("b", 36.0)):
+        d = tmp_path / call / "trace"
+        d.mkdir(parents=True)
+        cells = [dict(shape="qwen3-30b-a3b", T=16, M=16, variant="shipped", floor_us=36.0, us=us,
+                      x_floor=us / 36.0),
+                 dict(shape="qwen3-30b-a3b", T=16, M=16, variant="u=48", floor_us=36.0,
+                      error="ValueError: up_cols")]
+        (d / "trace_moe_one.json").write_text(json.dumps({"cells": cells}))
+    out = _run("trace_grid", str(tmp_path / "a" / "trace"), str(tmp_path / "b" / "trace"))
+    assert out.returncode == 0, out.stderr
+    assert "| a: shipped | a: u=48 | b: shipped | b: u=48 |" in out.stdout
+    assert "| qwen3-30b-a3b | 16 | 16 | 36.0 | 40.0 (1.11) | not run | 36.0 (1.00) | not run |" in out.stdout
+
+    def prof(kernels, step, busy):
+        top = [dict(name=n, ms_per_step=ms, launches_per_step=48.0) for n, ms in kernels]
+        return {"uniform-random/16": dict(batch=16, budget=16, routing="uniform-random",
+                                          graph_step_ms=step, graph_kernels=dict(
+                                              gpu_busy_ms_per_step=busy, top_kernels=top)),
+                "_run_info": {}}
+
+    for name, kernels, step, busy in (("split", [("_moe_one_kernel", 2.4), ("_split_route_kernel", 0.13),
+                                                 ("tiny", 0.01)], 5.9, 5.3),
+                                      ("fold", [("_moe_one_kernel", 2.3), ("_base_route_kernel", 0.38)],
+                                       5.7, 5.25)):
+        (tmp_path / f"e2e_{name}").mkdir()
+        (tmp_path / f"e2e_{name}" / "profile_b16.json").write_text(json.dumps(prof(kernels, step, busy)))
+    out = _run("profile", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "| `_moe_one_kernel` | 2.400 | 50.0 | 2.300 | 47.9 |" in out.stdout
+    assert "| `_split_route_kernel` | 0.130 | 2.7 | - | - |" in out.stdout
+    assert "| `_base_route_kernel` | - | - | 0.380 | 7.9 |" in out.stdout
+    assert "tiny" not in out.stdout  # below 0.05 ms per step in both
+    assert "| **step - busy** | 0.600 | - | 0.450 | - |" in out.stdout
