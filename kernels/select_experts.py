@@ -113,8 +113,12 @@ def route_mode(T: int, E: int) -> str:
     one-launch MoE spends its time", ninth): fold at T < SPLIT_MIN_T (alone, T = 1 7.5 against
     8.1 us; at T = 16 the two launches are faster alone, 11.0 against 13.4 us, but SGLang's decode
     step with them was slower: B = 16 6.04 / 6.11 against 5.82 ms at budget 16, 13.7 / 13.6 against
-    13.1 ms dense; B = 8 5.58 against 5.54 and 9.9 against 9.45), split at SPLIT_MIN_T <= T <=
-    SPLIT_MAX_T (T = 64: 11.3 against 25.5 / 26.5 us folded / unfolded, and 7.2 % faster end to end
+    13.1 ms dense; B = 8 5.58 against 5.54 and 9.9 against 9.45; a profiled step at B = 16, tenth
+    session: the two launches' own kernels take 0.6 us less per layer, but the step is 3.6 us per
+    layer longer, 1.1 us more GPU busy time (the one-launch MoE after them runs 1.9 us longer) and
+    2.4 us more idle time), split at SPLIT_MIN_T <= T <= SPLIT_MAX_T (B = 32 end to end, tenth
+    session: 7.71 against 7.76 ms at budget 16, 17.8 against 18.0 dense; T = 64:
+    11.3 against 25.5 / 26.5 us folded / unfolded, and 7.2 % faster end to end
     than unfolded at B = 64; T = 128: 11.8 against 35.1 unfolded), unfold above (not measured there).
     BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
