@@ -363,6 +363,26 @@ def format_table(trows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def grid_table(results: list[dict]) -> str:
+    """Rows of one or more result JSONs (same batch size) as a policy x M grid: the increase over
+    dense (%) and, for a rel policy, its paired NLL difference (nats) to its unweighted
+    counterpart (base_* -> base_plus, oracle_* -> oracle_plus) +- the paired SE."""
+    cells: dict[str, dict[int, str]] = {}
+    for res in results:
+        for t in res["rows"]:
+            if t["M"] is None or (t["policy"] in cells and t["M"] in cells[t["policy"]]):
+                continue
+            ref = "oracle_plus" if t["policy"].startswith("oracle") else "base_plus"
+            d = (f"; {t[f'dnll_vs_{ref}']:+.3f} ± {t[f'dnll_vs_{ref}_se_paired']:.3f}"
+                 if f"dnll_vs_{ref}" in t and t["policy"] != ref else "")
+            cells.setdefault(t["policy"], {})[t["M"]] = f"{t['dppl_pct']:.1f}{d}"
+    ms = sorted({m for c in cells.values() for m in c})
+    out = ["| policy | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---:|" * len(ms)]
+    for pol in sorted(cells, key=lambda p: (p.startswith("oracle"), p != "base_plus" and p != "oracle_plus", p)):
+        out.append(f"| {pol} | " + " | ".join(cells[pol].get(m, "-") for m in ms) + " |")
+    return "\n".join(out)
+
+
 def compare_committed(rows: list[dict], path: str) -> dict:
     """setting -> (ours, committed) ppl / experts / dnll_se for the rows both files have."""
     if not path or not Path(path).exists():
@@ -446,6 +466,13 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--report"]:  # --report FILE.json ...: the grid of those results
+        if len(argv) < 2 or not all(Path(p).is_file() for p in argv[1:]):
+            print("--report: give one or more result JSON files", file=sys.stderr)
+            return 2
+        print(grid_table([json.loads(Path(p).read_text()) for p in argv[1:]]))
+        return 0
     ap = argparse.ArgumentParser(prog="rel_score", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--predictor", required=True)
@@ -466,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     if not Path(args.model).is_dir():
         ap.error(f"--model: no model folder at {args.model}")
     torch.set_num_threads(args.threads)

@@ -170,3 +170,23 @@ def test_capture_matches_layernorm_input_and_swaps_restore_on_error(setup):
     assert hp.expert_output_norms is original
     assert "predict_log_norm" not in vars(predictor)
     assert predictor.predict_log_norm == bound
+
+
+def test_report_grid_from_result_rows(tmp_path, capsys):
+    from research import rel_score
+
+    rows = [dict(policy="dense", M=None, dppl_pct=0.0),
+            dict(policy="base_plus", M=8, dppl_pct=300.0),
+            dict(policy="oracle_plus", M=8, dppl_pct=250.0),
+            dict(policy="base_rel_0.5", M=8, dppl_pct=290.0, dnll_vs_base_plus=-0.044,
+                 dnll_vs_base_plus_se_paired=0.023, dnll_vs_oracle_plus=0.1,
+                 dnll_vs_oracle_plus_se_paired=0.02),
+            dict(policy="oracle_rel", M=8, dppl_pct=242.7, dnll_vs_oracle_plus=-0.008,
+                 dnll_vs_oracle_plus_se_paired=0.025)]
+    (tmp_path / "r.json").write_text(__import__("json").dumps({"rows": rows}))
+    assert rel_score.main(["--report", str(tmp_path / "r.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| policy | M=8 |"
+    assert lines[2:] == ["| base_plus | 300.0 |", "| base_rel_0.5 | 290.0; -0.044 ± 0.023 |",
+                         "| oracle_plus | 250.0 |", "| oracle_rel | 242.7; -0.008 ± 0.025 |"]
+    assert rel_score.main(["--report", str(tmp_path / "missing.json")]) == 2
