@@ -57,7 +57,10 @@ def test_a_10mb_prompt_is_refused_at_once_and_health_stays_fast(server):
         t.join()
     assert max(took) < 1.0  # the body is never parsed (it was 8.7 s)
     health_ms.sort()
-    assert len(health_ms) >= 5 and health_ms[len(health_ms) // 2] < 20 and health_ms[-1] < 50
+    # median and 90th percentile: one slow probe on a shared 2-core CI machine (514 ms once) is
+    # not the event loop blocking on a body (that made every probe during a post slow)
+    p90 = health_ms[int(0.9 * (len(health_ms) - 1))]
+    assert len(health_ms) >= 5 and health_ms[len(health_ms) // 2] < 20 and p90 < 50
 
 
 def test_a_body_without_content_length_is_cut_at_the_limit(server):
