@@ -43,7 +43,6 @@ import argparse
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -51,6 +50,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
+
+from research.ppl_common import add_eval_args, commit, eval_batches  # noqa: F401 (eval_batches: tests import it here)
 
 REL_FAMILIES = ("oracle_rel", "base_rel", "base_relhat", "oracle_relhat")
 
@@ -228,24 +229,6 @@ def parse_policy(label: str) -> tuple[str, float]:
     raise ValueError(f"policy: {label!r} is not one of {REL_FAMILIES} (optionally _GAMMA)")
 
 
-def eval_batches(tokenizer, data: str, batch_size: int, num_batches: int, prefix: int,
-                 steps: int, split: str = "report") -> list[torch.Tensor]:
-    """base-eval's batches: [B, prefix + steps + 1] windows from different documents of `split`."""
-    from base_sglang.calibration.data import (
-        distinct_batches,
-        read_documents,
-        split_documents,
-        tokenize_documents,
-        windows,
-    )
-
-    docs = split_documents(read_documents(data), split)
-    wins = windows(tokenize_documents(tokenizer, docs), prefix + steps + 1)
-    batches = distinct_batches(wins, batch_size, num_batches)
-    if not batches:
-        raise ValueError(f"data: fewer than {batch_size} documents of {split!r} have "
-                         f"{prefix + steps + 1} tokens")
-    return [torch.tensor([w for _, w in b], dtype=torch.long) for b in batches]
 
 
 def swap_for(label: str, blocks, predictor, capture: XMidCapture, xhat: dict | None):
@@ -399,13 +382,6 @@ def compare_committed(rows: list[dict], path: str) -> dict:
     return out
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse",
-                               "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except OSError:
-        return ""
 
 
 def run(args) -> int:
@@ -474,23 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         print(grid_table([json.loads(Path(p).read_text()) for p in argv[1:]]))
         return 0
     ap = argparse.ArgumentParser(prog="rel_score", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--predictor", required=True)
-    ap.add_argument("--data", default="base_sglang/data/heldout.txt")
-    ap.add_argument("--out", required=True, help="output path stem (writes .json)")
+    add_eval_args(ap)
     ap.add_argument("--policies", nargs="+",
                     default=["oracle_rel", "base_rel", "oracle_rel_0.5", "base_rel_0.5"],
                     help=f"rel labels: {', '.join(REL_FAMILIES)}, optionally _GAMMA")
-    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 12, 16, 24, 32])
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--num-batches", type=int, default=4)
-    ap.add_argument("--prefix", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--num-seqs", type=int, default=None,
                     help="calibration windows for the ||x_mid|| predictor (default CalibrationConfig's)")
     ap.add_argument("--committed", default=None,
                     help="a base-eval JSON whose dense/base_plus/oracle_plus rows to compare with")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     args.argv = argv

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from base_sglang.calibration import predictor_study as ps
 from base_sglang.calibration.collect import LOG_EPS
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.expert_sketch import sketch_factors, sketch_features
+from research.ppl_common import add_eval_args, commit, eval_batches  # noqa: F401 (eval_batches: tests import it here)
 
 
 @dataclasses.dataclass
@@ -133,24 +133,6 @@ def replace_norms(blocks, norm_fn: Callable):
         hp.expert_output_norms = original
 
 
-def eval_batches(tokenizer, data: str, batch_size: int, num_batches: int, prefix: int,
-                 steps: int, split: str = "report") -> list[torch.Tensor]:
-    """base-eval's batches: [B, prefix + steps + 1] windows from different documents of `split`."""
-    from base_sglang.calibration.data import (
-        distinct_batches,
-        read_documents,
-        split_documents,
-        tokenize_documents,
-        windows,
-    )
-
-    docs = split_documents(read_documents(data), split)
-    wins = windows(tokenize_documents(tokenizer, docs), prefix + steps + 1)
-    batches = distinct_batches(wins, batch_size, num_batches)
-    if not batches:
-        raise ValueError(f"data: fewer than {batch_size} documents of {split!r} have "
-                         f"{prefix + steps + 1} tokens")
-    return [torch.tensor([w for _, w in b], dtype=torch.long) for b in batches]
 
 
 def evaluate(model, predictor, batches, prefix: int, steps: int, budgets, blocks,
@@ -229,13 +211,6 @@ def format_table(trows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse",
-                               "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except OSError:
-        return ""
 
 
 def run(args) -> int:
@@ -281,19 +256,10 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sketch_ppl", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--predictor", required=True)
-    ap.add_argument("--data", default="base_sglang/data/heldout.txt")
-    ap.add_argument("--out", required=True, help="output path stem (writes .json)")
+    add_eval_args(ap)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 12, 16, 24, 32])
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--num-batches", type=int, default=4)
-    ap.add_argument("--prefix", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--num-seqs", type=int, default=None,
                     help="calibration windows (default: CalibrationConfig's, as predictor_study)")
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if not Path(args.model).is_dir():

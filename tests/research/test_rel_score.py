@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -22,9 +19,6 @@ from research.rel_score import (
     replace_true_norms,
     table_rows,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
-import tiny  # noqa: E402
 
 
 def _routing(T=12, E=16, K=4, seed=0):
@@ -94,24 +88,6 @@ def test_ridge_recovers_a_linear_log_norm():
     theta = torch.tensor([0.3, -0.2, 0.0, 0.1, 0.5, -0.4, 1.5])
     y = predict_ridge(theta, z)
     assert torch.allclose(fit_ridge(z, y, 0.0), theta, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from base_sglang.calibration.__main__ import main as calibrate_main
-    from base_sglang.core import Predictor
-    from base_sglang.hf import find_moe_blocks, load_model
-
-    root = tmp_path_factory.mktemp("rel_score")
-    docs = tiny.synthetic_docs(48)
-    data = tiny.write_text(root / "docs.txt", docs)
-    ckpt = tiny.make_checkpoint("qwen3_moe", root / "ckpt", docs)
-    pred = root / "p.safetensors"
-    assert calibrate_main(["--model", str(ckpt), "--data", str(data), "--out", str(pred),
-                           "--num-seqs", "16", "--seq-len", "24", "--heldout-every", "4",
-                           "--stat-batch", "4", "--quiet"]) == 0
-    model, tok = load_model(str(ckpt), "cpu", "float32")
-    return model, tok, find_moe_blocks(model, require=True), Predictor.load(pred), str(data)
 
 
 def test_gamma0_reproduces_both_plus_policies_and_swaps_are_undone(setup):

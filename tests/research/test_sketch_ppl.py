@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,28 +16,7 @@ from research.sketch_ppl import (
     table_rows,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
-import tiny  # noqa: E402
-
 CFG = CalibrationConfig(num_seqs=16, seq_len=24, heldout_every=4)
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from base_sglang.calibration.__main__ import main as calibrate_main
-    from base_sglang.core import Predictor
-    from base_sglang.hf import find_moe_blocks, load_model
-
-    root = tmp_path_factory.mktemp("sketch_ppl")
-    docs = tiny.synthetic_docs(48)
-    data = tiny.write_text(root / "docs.txt", docs)
-    ckpt = tiny.make_checkpoint("qwen3_moe", root / "ckpt", docs)
-    pred = root / "p.safetensors"
-    assert calibrate_main(["--model", str(ckpt), "--data", str(data), "--out", str(pred),
-                           "--num-seqs", "16", "--seq-len", "24", "--heldout-every", "4",
-                           "--stat-batch", "4", "--quiet"]) == 0
-    model, tok = load_model(str(ckpt), "cpu", "float32")
-    return model, tok, find_moe_blocks(model, require=True), Predictor.load(pred), str(data)
 
 
 def test_sketch_fit_and_prediction(setup):
