@@ -15,7 +15,7 @@ trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), on
 profile: DIR/e2e_A and DIR/e2e_B profile_b16.json of bench_decode.py (A, B = split, fold or new,
         old): one profiled decode step's GPU time per kernel, GPU busy and idle time;
 table_e2e: DIR/e2e_new and DIR/e2e_old summary.json (this commit's tuned table against the table
-        without trace variants).
+        without trace variants); aa_e2e: DIR/e2e_run1 and DIR/e2e_run2, two runs of one setting.
 """
 
 from __future__ import annotations
@@ -282,7 +282,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
-                                     "trace", "trace_grid", "profile", "table_e2e"))
+                                     "trace", "trace_grid", "profile", "table_e2e",
+                                     "aa_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
@@ -310,12 +311,15 @@ def main() -> int:
         print(trace_table(args.folder))
         return 0
     if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old
-        pair = (("split", "fold") if os.path.isdir(os.path.join(args.folder, "e2e_split"))
-                else ("new", "old"))
+        pair = next((p for p in (("split", "fold"), ("run1", "run2"))
+                     if os.path.isdir(os.path.join(args.folder, f"e2e_{p[0]}"))), ("new", "old"))
         print(profile_table(args.folder, *pair))
         return 0
     if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
         print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))
+        return 0
+    if kind == "aa_e2e":  # the same setting twice, one after the other
+        print(fold_table(args.folder, "e2e_run1", "e2e_run2", ("first run", "second run")))
         return 0
     if kind == "moe_e2e":  # run_moe_e2e_h200.sh: BASE_MOE=auto (ours) against sglang
         print(fold_table(args.folder, "e2e_ours", "e2e_sglang", ("our MoE", "SGLang's MoE")))

@@ -109,17 +109,15 @@ def route_mode(T: int, E: int) -> str:
     """How a folded block routes + selects T rows over E experts: "fold" (one route-select launch,
     kernels/base_route.py), "split" (the same in two launches, kernels/base_route_split.py) or
     "unfold" (the router's top-k launch, then base_select_experts), by what measured fastest on the
-    H200 (BENCHMARKS.md, "Two launches for the folded route-select", eighth session, and "Where the
-    one-launch MoE spends its time", ninth): fold at T < SPLIT_MIN_T (alone, T = 1 7.5 against
-    8.1 us; at T = 16 the two launches are faster alone, 11.0 against 13.4 us, but SGLang's decode
-    step with them was slower: B = 16 6.04 / 6.11 against 5.82 ms at budget 16, 13.7 / 13.6 against
-    13.1 ms dense; B = 8 5.58 against 5.54 and 9.9 against 9.45; a profiled step at B = 16, tenth
-    session: the two launches' own kernels take 0.6 us less per layer, but the step is 3.6 us per
-    layer longer, 1.1 us more GPU busy time (the one-launch MoE after them runs 1.9 us longer) and
-    2.4 us more idle time), split at SPLIT_MIN_T <= T <= SPLIT_MAX_T (B = 32 end to end, tenth
-    session: 7.71 against 7.76 ms at budget 16, 17.8 against 18.0 dense; T = 64:
-    11.3 against 25.5 / 26.5 us folded / unfolded, and 7.2 % faster end to end
-    than unfolded at B = 64; T = 128: 11.8 against 35.1 unfolded), unfold above (not measured there).
+    H200 (BENCHMARKS.md, eighth to tenth sessions' kernel sections):
+      fold   T < SPLIT_MIN_T. At T = 16 the two launches are faster alone (11.0 against 13.4 us),
+             but in SGLang's profiled decode step at B = 16 they add 1.1 us of GPU busy time and
+             2.4 us of idle time per layer (step medians of single runs are too noisy to decide:
+             two runs of one setting differed by up to 4.9 %).
+      split  SPLIT_MIN_T <= T <= SPLIT_MAX_T (T = 64: 11.3 against 25.5 / 26.5 us folded /
+             unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
+             unfolded; at B = 32 end to end within noise of the one launch).
+      unfold above (not measured there).
     BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:

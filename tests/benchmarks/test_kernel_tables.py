@@ -167,3 +167,21 @@ def test_trace_grid_and_profile_tables(tmp_path):
     assert "| `_base_route_kernel` | - | - | 0.380 | 7.9 |" in out.stdout
     assert "tiny" not in out.stdout  # below 0.05 ms per step in both
     assert "| **step - busy** | 0.600 | - | 0.450 | - |" in out.stdout
+
+
+def test_aa_e2e_and_the_profile_of_two_runs(tmp_path):
+    for name, ms, step in (("run1", 2.2, 5.96), ("run2", 2.2, 6.18)):
+        d = tmp_path / f"e2e_{name}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"row_stats": [
+            dict(batch=16, budget=16, median_step_ms=step)]}))
+        (d / "profile_b16.json").write_text(json.dumps({"uniform-random/16": dict(
+            batch=16, budget=16, routing="uniform-random", graph_step_ms=step, graph_kernels=dict(
+                gpu_busy_ms_per_step=5.1, top_kernels=[dict(name="_moe_one_kernel", ms_per_step=ms,
+                                                             launches_per_step=48.0)]))}))
+    out = _run("aa_e2e", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "| 16 | 16 | 5.96 | 6.18 | 1.037 |" in out.stdout and "first run ms/step" in out.stdout
+    out = _run("profile", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "| | run1 ms/step |" in out.stdout and "| **step - busy** | 0.860 | - | 1.080 | - |" in out.stdout
