@@ -28,7 +28,7 @@ from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.moe_one import moe_one
-from base_sglang.kernels.utils import check_moe_inputs, num_sms
+from base_sglang.kernels.utils import check, check_moe_inputs, num_sms
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,16 @@ class MoeConfig:
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
-        return MoeConfig(block_m=int(d["block_m"]), pair_major=bool(d["pair_major"]),
-                         up=GemmConfig(**d["up"]), down=GemmConfig(**d["down"]),
-                         one_launch=bool(d.get("one_launch", False)),
-                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
-                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)))
+        cfg = MoeConfig(block_m=int(d["block_m"]), pair_major=bool(d["pair_major"]),
+                        up=GemmConfig(**d["up"]), down=GemmConfig(**d["down"]),
+                        one_launch=bool(d.get("one_launch", False)),
+                        ctas_per_sm=int(d.get("ctas_per_sm", 1)),
+                        maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)))
+        # moe_one's own checks, at load time rather than at a layer's first call
+        check(cfg.maxnreg == 0 or 24 <= cfg.maxnreg <= 255, f"maxnreg: 0 or 24..255, got {cfg.maxnreg}")
+        check(cfg.up_cols == 0 or (cfg.up_cols % 8 == 0 and 8 <= cfg.up_cols <= cfg.up.block_n),
+              f"up_cols: 0 or a multiple of 8 in 8..{cfg.up.block_n} (up.block_n), got {cfg.up_cols}")
+        return cfg
 
 
 LARGE_EXPERT = 4096  # intermediate size from which an expert's weights stream best in BLOCK_K 256

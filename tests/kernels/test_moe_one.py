@@ -152,6 +152,10 @@ def test_through_fused_moe_config():
     assert MoeConfig.from_dict(dict(block_m=16, pair_major=False, up={}, down={})).one_launch is False
     row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True, maxnreg=168)
     assert MoeConfig.from_dict(row).maxnreg == 168
+    for bad, field in ((dict(maxnreg=8), "maxnreg"), (dict(up_cols=12), "up_cols"),
+                       (dict(up_cols=64, up=dict(block_n=32)), "up_cols")):  # refused at load
+        with pytest.raises(ValueError, match=field):
+            MoeConfig.from_dict({**row, **bad})
     capped = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
                        maxnreg=168)  # a register cap changes the compile, not the result
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=capped), y)
