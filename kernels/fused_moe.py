@@ -27,8 +27,8 @@ from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
-from base_sglang.kernels.moe_one import moe_one
-from base_sglang.kernels.utils import check, check_moe_inputs, num_sms
+from base_sglang.kernels.moe_one import check_options, moe_one
+from base_sglang.kernels.utils import check_moe_inputs, num_sms
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,7 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)))
-        # moe_one's own checks, at load time rather than at a layer's first call
-        check(cfg.maxnreg == 0 or 24 <= cfg.maxnreg <= 255, f"maxnreg: 0 or 24..255, got {cfg.maxnreg}")
-        check(cfg.up_cols == 0 or (cfg.up_cols % 8 == 0 and 8 <= cfg.up_cols <= cfg.up.block_n),
-              f"up_cols: 0 or a multiple of 8 in 8..{cfg.up.block_n} (up.block_n), got {cfg.up_cols}")
+        check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg)  # at load, not at a layer's first call
         return cfg
 
 
