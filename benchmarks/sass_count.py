@@ -63,12 +63,12 @@ SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr
 
 
 def compile_sm90(fn, consts: dict, ints: dict, num_warps: int, num_stages: int = 3,
-                 maxnreg: int | None = None) -> dict:
+                 maxnreg: int | None = None, types: dict | None = None) -> dict:
     """SASS of fn for sm_90: instructions, registers, stack. `ints` get Triton's launch-time
     specialisation (1 -> constant, multiples of 16 -> divisibility), as a real call would;
     maxnreg caps the registers per thread (ptxas spills the rest to the stack)."""
     consts = dict(consts, **{k: 1 for k, v in ints.items() if v == 1})
-    sig = {n: ("constexpr" if n in consts else SIGNATURE[n]) for n in fn.arg_names}
+    sig = {n: ("constexpr" if n in consts else (types or {}).get(n, SIGNATURE[n])) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n].startswith("*") or (n in ints and n not in consts and ints[n] % 16 == 0)}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -223,7 +223,8 @@ def backfill_lines() -> tuple:
     return narrow, full
 
 
-def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None) -> dict:
+def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None,
+             tma: bool = False) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
     bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
     programs per SM they allow."""
@@ -238,15 +239,21 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
-                  USE_PDL=True, TRACE=trace)
+                  USE_PDL=True, TRACE=trace, TMA=tma)
+    if tma:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
+        consts["UPC"] = cfg.up.block_n
+    types = dict(gu_ptr=f"tensordesc<bf16[{cfg.up.block_n},{cfg.up.block_k}]>",
+                 dn_ptr=f"tensordesc<bf16[{cfg.down.block_n},{cfg.down.block_k}]>") if tma else None
     r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
                                                    n_units=1000), cfg.up.num_warps,
-                     num_stages=cfg.up.num_stages, maxnreg=maxnreg or cfg.maxnreg or None)
+                     num_stages=cfg.up.num_stages, maxnreg=maxnreg or cfg.maxnreg or None,
+                     types=types)
     warps = cfg.up.num_warps
     per_sm = programs_fit(r["registers"], r["shared"], warps)  # moe_one's clamp, an H100/H200 SM
     return dict(r, one_launch=cfg.one_launch, tiles=f"bm{cfg.block_m}/up{cfg.up.block_n},"
                 f"{cfg.up.block_k},{warps},{cfg.up.num_stages}/dn{cfg.down.block_n},{cfg.down.block_k}",
                 programs_per_sm=per_sm, ldgsts=r["opcodes"].get("LDGSTS", 0),
+                utmaldg=r["opcodes"].get("UTMALDG", 0),
                 globaltimer=any("GLOBALTIMER" in x for x in r["sass"]))
 
 
@@ -263,6 +270,7 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="--moe: with the trace stamps compiled in")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0],
                     help="--moe: register caps to compile (0 = the tuned row's, default)")
+    ap.add_argument("--tma", action="store_true", help="--moe: with TMA weight tiles (moe_one(tma=True))")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -277,12 +285,13 @@ def main() -> int:
         for tiles in args.tiles:
             if args.moe:
                 for cap in args.maxnreg:
-                    r = moe_sass(args.shape, T, args.trace, cap)
-                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, **{
+                    r = moe_sass(args.shape, T, args.trace, cap, args.tma)
+                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, **{
                         k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
                     print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "
                           f"{r['instructions']:6} instructions  {r['registers']:3} regs  {r['shared']} B "
-                          f"shared -> {r['programs_per_sm']} per SM  LDGSTS {r['ldgsts']}  stack "
+                          f"shared -> {r['programs_per_sm']} per SM  LDGSTS {r['ldgsts']}  "
+                          f"UTMALDG {r['utmaldg']}  stack "
                           f"{r['stack']}  globaltimer {r['globaltimer']}")
                 continue
             if args.split:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from base_sglang.kernels.utils import (
     BAR_BITS,
@@ -104,6 +105,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -156,14 +158,22 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_ptrs = x_ptr + (pair // K)[:, None] * stride_x + ks[None, :]  # [BM, BK1]
-                w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks[:, None]
+                if TMA:  # gu_ptr: a descriptor over gate_up as [E*2I, H], block [BN1, BK1]
+                    row = (e * (2 * I) + nt * UPC).to(tl.int32)
+                else:
+                    w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks[:, None]
                 acc = tl.zeros([BLOCK_M, BN1], dtype=tl.float32)
                 acc_up = tl.zeros([BLOCK_M, BN1], dtype=tl.float32)
                 for k0 in range(0, H, BK1):
                     kmask = ks < H - k0
                     a = tl.load(a_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
-                    wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
-                    wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :], other=0.0)
+                    if TMA:  # bulk tensor copies, zero-filled past H
+                        wg = gu_ptr.load([row, k0]).T  # [BK1, BN1]
+                        wu = gu_ptr.load([row + I, k0]).T
+                    else:
+                        wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
+                        wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :], other=0.0)
+                        w_ptrs += BK1
                     if DOT_F32:  # the CPU interpreter computes bf16 dots wrongly
                         a = a.to(tl.float32)
                         wg = wg.to(tl.float32)
@@ -171,7 +181,6 @@ def _moe_one_kernel(
                     acc = tl.dot(a, wg, acc)
                     acc_up = tl.dot(a, wu, acc_up)
                     a_ptrs += BK1
-                    w_ptrs += BK1
                 acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
                 tl.store(act_ptr + pair[:, None] * I + ns[None, :],
                          acc.to(act_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
@@ -190,19 +199,25 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_d_ptrs = act_ptr + pair[:, None] * I + ks_d[None, :]  # [BM, BK2]
-                w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
+                if TMA:  # dn_ptr: a descriptor over down as [E*H, I], block [BN2, BK2]
+                    row_d = (e * H + nh * BN2).to(tl.int32)
+                else:
+                    w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
                 acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
                 for k0 in range(0, I, BK2):
                     kmask = ks_d < I - k0
                     a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
                                   cache_modifier=".cg")  # written in this launch: via L2
-                    w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
+                    if TMA:
+                        w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
+                    else:
+                        w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
+                        w_d_ptrs += BK2
                     if DOT_F32:
                         a_d = a_d.to(tl.float32)
                         w_d = w_d.to(tl.float32)
                     acc_d = tl.dot(a_d, w_d, acc_d)
                     a_d_ptrs += BK2
-                    w_d_ptrs += BK2
                 tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
                          mask=rmask[:, None] & nmask_d[None, :])
             inc = tl.where(j == 0, one - (n_act - 1), 1)
@@ -278,6 +293,7 @@ def moe_one(
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
+    tma: bool = False,  # weight tiles by bulk tensor copies (TMA descriptors), up_cols = BN1 only
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -291,6 +307,9 @@ def moe_one(
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
     upc = check_options(bn1, up_cols, maxnreg)
+    check(not tma or (upc == bn1 and H % 8 == 0 and I % 8 == 0),
+          f"tma: needs up_cols = BN1 ({bn1}) and H, I multiples of 8 (16-byte rows), got "
+          f"up_cols {up_cols}, H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     ids = ids.contiguous()
     weights = weights.contiguous()
@@ -312,10 +331,14 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, num_warps=num_warps,
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
-    args = (hidden, ids, weights, gate_up, down, act, pair_out, out, sync, trace_arg,
+    gu_arg, dn_arg = gate_up, down
+    if tma:  # the kernel reads [BN, BK] weight tiles through these (bounds zero-fill)
+        gu_arg = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I, H), [bn1, bk1])
+        dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
+    args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))
     if interp:  # one program per unit, in unit order (see the module docstring)
         _moe_one_kernel[(units,)](*args, units, units, **consts)

@@ -59,6 +59,29 @@ def test_fewer_columns_per_up_unit_same_output(up_cols):
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
 
 
+@pytest.mark.parametrize("T,E,K,H,I", [(5, 7, 3, 48, 40), (4, 8, 8, 32, 16)])
+def test_tma_tiles_same_output(T, E, K, H, I):  # noqa: E741
+    # descriptor loads of [BN, BK] tiles (zero-filled past H and I: 48 = 3 x 16, 40 = 2.5 x 16;
+    # the last up tile of an expert reaches into its up rows, the last down tile into the next
+    # expert) give the pointer path's tiles: the same output bit for bit
+    x, ids, w, gu, dn = case(T, E, K, H, I, seed=T + 9)
+    y = moe_one(x, ids, w, gu, dn, tma=True, **TILES)
+    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
+    assert torch.equal(y, moe_one(x, ids, w, gu, dn, **TILES))
+    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
+                    tma=True)
+    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
+
+
+def test_tma_refuses_narrow_up_units_and_odd_rows():
+    x, ids, w, gu, dn = case(2, 4, 2)
+    with pytest.raises(ValueError, match="tma"):
+        moe_one(x, ids, w, gu, dn, tma=True, up_cols=8, **TILES)
+    x, ids, w, gu, dn = case(2, 4, 2, H=36, I=20)
+    with pytest.raises(ValueError, match="tma"):
+        moe_one(x, ids, w, gu, dn, tma=True, **TILES)
+
+
 @pytest.mark.parametrize("up_cols", [12, 32, 4])
 def test_bad_up_cols_name_the_field(up_cols):
     x, ids, w, gu, dn = case(2, 4, 2)
