@@ -224,7 +224,7 @@ def backfill_lines() -> tuple:
 
 
 def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None,
-             tma: bool = False) -> dict:
+             tma: int = 0) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
     bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
     programs per SM they allow."""
@@ -240,10 +240,12 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
                   USE_PDL=True, TRACE=trace, TMA=tma)
-    if tma:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
+    types = {}
+    if tma == 1:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
         consts["UPC"] = cfg.up.block_n
-    types = dict(gu_ptr=f"tensordesc<bf16[{cfg.up.block_n},{cfg.up.block_k}]>",
-                 dn_ptr=f"tensordesc<bf16[{cfg.down.block_n},{cfg.down.block_k}]>") if tma else None
+        types["gu_ptr"] = f"tensordesc<bf16[{cfg.up.block_n},{cfg.up.block_k}]>"
+    if tma:
+        types["dn_ptr"] = f"tensordesc<bf16[{cfg.down.block_n},{cfg.down.block_k}]>"
     r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
                                                    n_units=1000), cfg.up.num_warps,
                      num_stages=cfg.up.num_stages, maxnreg=maxnreg or cfg.maxnreg or None,
@@ -270,7 +272,8 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="--moe: with the trace stamps compiled in")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0],
                     help="--moe: register caps to compile (0 = the tuned row's, default)")
-    ap.add_argument("--tma", action="store_true", help="--moe: with TMA weight tiles (moe_one(tma=True))")
+    ap.add_argument("--tma", type=int, default=0, choices=(0, 1, 2),
+                    help="--moe: TMA weight tiles, moe_one(tma=N): 1 all, 2 down only")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":

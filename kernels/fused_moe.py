@@ -41,7 +41,7 @@ class MoeConfig:
     ctas_per_sm: int = 1  # one_launch: programs per SM
     maxnreg: int = 0  # one_launch: registers per thread the compile may use (0 = ptxas's choice)
     up_cols: int = 0  # one_launch: columns of I per up unit (0 = up.block_n)
-    tma: bool = False  # one_launch: weight tiles by bulk tensor copies (TMA descriptors)
+    tma: int = 0  # one_launch: weight tiles by bulk tensor copies (TMA): 1 all, 2 down only
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
@@ -50,7 +50,7 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
-                        tma=bool(d.get("tma", False)))
+                        tma=int(d.get("tma", 0)))
         check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg)  # at load, not at a layer's first call
         return cfg
 

@@ -158,7 +158,7 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_ptrs = x_ptr + (pair // K)[:, None] * stride_x + ks[None, :]  # [BM, BK1]
-                if TMA:  # gu_ptr: a descriptor over gate_up as [E*2I, H], block [BN1, BK1]
+                if TMA == 1:  # gu_ptr: a descriptor over gate_up as [E*2I, H], block [BN1, BK1]
                     row = (e * (2 * I) + nt * UPC).to(tl.int32)
                 else:
                     w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks[:, None]
@@ -167,7 +167,7 @@ def _moe_one_kernel(
                 for k0 in range(0, H, BK1):
                     kmask = ks < H - k0
                     a = tl.load(a_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
-                    if TMA:  # bulk tensor copies, zero-filled past H
+                    if TMA == 1:  # bulk tensor copies, zero-filled past H
                         wg = gu_ptr.load([row, k0]).T  # [BK1, BN1]
                         wu = gu_ptr.load([row + I, k0]).T
                     else:
@@ -199,7 +199,7 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_d_ptrs = act_ptr + pair[:, None] * I + ks_d[None, :]  # [BM, BK2]
-                if TMA:  # dn_ptr: a descriptor over down as [E*H, I], block [BN2, BK2]
+                if TMA != 0:  # dn_ptr: a descriptor over down as [E*H, I], block [BN2, BK2]
                     row_d = (e * H + nh * BN2).to(tl.int32)
                 else:
                     w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
@@ -208,7 +208,7 @@ def _moe_one_kernel(
                     kmask = ks_d < I - k0
                     a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
                                   cache_modifier=".cg")  # written in this launch: via L2
-                    if TMA:
+                    if TMA != 0:
                         w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
                     else:
                         w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
@@ -293,7 +293,7 @@ def moe_one(
     programs: int | None = None,  # grid size (default: one per SM; at most what fits at once)
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
-    tma: bool = False,  # weight tiles by bulk tensor copies (TMA descriptors), up_cols = BN1 only
+    tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -307,9 +307,9 @@ def moe_one(
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
     upc = check_options(bn1, up_cols, maxnreg)
-    check(not tma or (upc == bn1 and H % 8 == 0 and I % 8 == 0),
-          f"tma: needs up_cols = BN1 ({bn1}) and H, I multiples of 8 (16-byte rows), got "
-          f"up_cols {up_cols}, H {H}, I {I}")
+    check(tma in (0, 1, 2) and (not tma or (H % 8 == 0 and I % 8 == 0)) and (tma != 1 or upc == bn1),
+          f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), with H and I "
+          f"multiples of 8 (16-byte rows); got tma {tma}, up_cols {up_cols}, H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     ids = ids.contiguous()
     weights = weights.contiguous()
@@ -335,8 +335,9 @@ def moe_one(
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
     gu_arg, dn_arg = gate_up, down
-    if tma:  # the kernel reads [BN, BK] weight tiles through these (bounds zero-fill)
+    if tma == 1:  # the kernel reads [BN, BK] weight tiles through these (bounds zero-fill)
         gu_arg = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I, H), [bn1, bk1])
+    if tma:
         dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
     args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))

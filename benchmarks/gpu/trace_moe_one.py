@@ -51,7 +51,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1" joined by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" joined by "/" -> the config."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -66,11 +66,11 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, maxnreg=nums[0])
         elif key == "u" and len(nums) == 1 and nums[0] % 8 == 0 and nums[0] > 0:
             cfg = dataclasses.replace(cfg, up_cols=nums[0])
-        elif key == "t" and nums in ([0], [1]):  # t=1: TMA weight tiles (the up unit = BN1 columns)
-            cfg = dataclasses.replace(cfg, tma=bool(nums[0]), up_cols=0 if nums[0] else cfg.up_cols)
+        elif key == "t" and nums in ([0], [1], [2]):  # TMA tiles: t=1 all (up unit = BN1), t=2 down
+            cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1 joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2 joined by /, got {o!r} in {v!r}")
     return cfg
 
 

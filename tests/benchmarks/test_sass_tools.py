@@ -98,21 +98,23 @@ def test_one_launch_moe_compiles_pipelined_with_the_trace_compiled_out(tmp_path)
     # memory (LDGSTS: cp.async), two programs fit an SM (Triton 3.6: 180 registers, 72 KB), no
     # spill, and the trace stamps are compiled out unless asked for. A register cap of 168 lets a
     # third program fit (72 KB of shared memory allows 3) at the price of a small spill. With TMA
-    # weight tiles (moe_one(tma=True)) the weights arrive by bulk tensor copies (UTMALDG), only
+    # weight tiles (moe_one(tma=1); tma=2: the down tiles only) the weights arrive by bulk tensor copies (UTMALDG), only
     # the gathered activation rows by cp.async (Triton 3.6: 168 instead of 188 registers at T = 16,
     # so 3 programs fit an SM, with a 32 B spill; Triton 3.9: 179 both).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     rows = []
-    for extra in (["--maxnreg", "0", "168"], ["--trace"], ["--tma"]):
+    for extra in (["--maxnreg", "0", "168"], ["--trace"], ["--tma", "1"], ["--tma", "2"]):
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_count.py"), "--moe",
                               "--tokens", "16", *extra, "--json", str(tmp_path / "m.json")],
                              capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
         rows += json.loads((tmp_path / "m.json").read_text())["rows"]
-    plain, capped, traced, tma = rows
+    plain, capped, traced, tma, tma_down = rows
     assert plain["one_launch"] and plain["ldgsts"] > 0 and plain["stack"] == 0
     assert plain["utmaldg"] == 0 and tma["utmaldg"] > 0 and tma["ldgsts"] < plain["ldgsts"]
-    assert tma["tma"] and tma["stack"] <= 64
+    assert tma["tma"] == 1 and tma["stack"] <= 64
+    assert tma_down["tma"] == 2 and 0 < tma_down["utmaldg"] < tma["utmaldg"]
+    assert tma["ldgsts"] < tma_down["ldgsts"] < plain["ldgsts"]
     assert plain["programs_per_sm"] >= 2 and plain["shared"] <= 233472 // 2 - 1024
     assert not plain["globaltimer"] and traced["globaltimer"]
     assert (capped["maxnreg"], plain["maxnreg"]) == (168, 0) and capped["registers"] <= 168

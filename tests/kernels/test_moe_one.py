@@ -65,21 +65,29 @@ def test_tma_tiles_same_output(T, E, K, H, I):  # noqa: E741
     # the last up tile of an expert reaches into its up rows, the last down tile into the next
     # expert) give the pointer path's tiles: the same output bit for bit
     x, ids, w, gu, dn = case(T, E, K, H, I, seed=T + 9)
-    y = moe_one(x, ids, w, gu, dn, tma=True, **TILES)
+    y = moe_one(x, ids, w, gu, dn, tma=1, **TILES)
     assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
     assert torch.equal(y, moe_one(x, ids, w, gu, dn, **TILES))
+    assert torch.equal(y, moe_one(x, ids, w, gu, dn, tma=2, **TILES))  # the down tiles alone
+    assert torch.equal(y, moe_one(x, ids, w, gu, dn, tma=2, up=(32, 16), up_cols=16,
+                                  down_tiles=(16, 16), block_m=16))  # narrow up units, TMA down
     cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
-                    tma=True)
+                    tma=1)
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
+    assert MoeConfig.from_dict({**vars(cfg), "up": vars(cfg.up), "down": vars(cfg.down),
+                                "tma": 2}).tma == 2
 
 
 def test_tma_refuses_narrow_up_units_and_odd_rows():
     x, ids, w, gu, dn = case(2, 4, 2)
     with pytest.raises(ValueError, match="tma"):
-        moe_one(x, ids, w, gu, dn, tma=True, up_cols=8, **TILES)
-    x, ids, w, gu, dn = case(2, 4, 2, H=36, I=20)
+        moe_one(x, ids, w, gu, dn, tma=1, up_cols=8, **TILES)
     with pytest.raises(ValueError, match="tma"):
-        moe_one(x, ids, w, gu, dn, tma=True, **TILES)
+        moe_one(x, ids, w, gu, dn, tma=3, **TILES)
+    x, ids, w, gu, dn = case(2, 4, 2, H=36, I=20)
+    for mode in (1, 2):
+        with pytest.raises(ValueError, match="tma"):
+            moe_one(x, ids, w, gu, dn, tma=mode, **TILES)
 
 
 @pytest.mark.parametrize("up_cols", [12, 32, 4])
