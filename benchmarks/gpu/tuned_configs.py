@@ -59,33 +59,56 @@ ADOPT_MIN, ADOPT_MEDIAN = 0.99, 1.02  # shipped / variant time: never below, med
 
 
 def apply_traces(shapes: dict, traces: list[dict]) -> list[str]:
-    """Adopt trace variants into the budget rows of `shapes` (in place); returns what changed."""
-    ratios: dict[tuple, dict[str, list[float]]] = {}
-    files: dict[tuple, set[int]] = {}
+    """Adopt trace variants into the budget rows of `shapes` (in place); returns what changed.
+    A file's ratios (its shipped / its variant) count against the row its "shipped" ran (the cell's
+    recorded config; without one, the sweep row): the rule runs once per generation, so a variant
+    timed on top of an adopted one (u=48, then t=2 over it) is judged against what it ran over."""
+    found: dict[tuple, list] = {}  # (shape, T) -> [(file, {variant: cell}) per M]
     for i, tr in enumerate(traces):
-        cells: dict[tuple, dict[str, float]] = {}
+        cells: dict[tuple, dict[str, dict]] = {}
         for c in tr["cells"]:
             if "us" in c and c.get("shipped_one_launch"):
-                cells.setdefault((c["shape"], c["T"], c["M"]), {})[c["variant"]] = c["us"]
+                cells.setdefault((c["shape"], c["T"], c["M"]), {})[c["variant"]] = c
         for (shape, T, _), by in cells.items():
-            for v, us in by.items():
-                if v != "shipped" and "shipped" in by:
-                    ratios.setdefault((shape, T), {}).setdefault(v, []).append(by["shipped"] / us)
-                    files.setdefault((shape, T, v), set()).add(i)
+            if "shipped" in by:
+                found.setdefault((shape, T), []).append((i, by))
     changed = []
-    for (shape, T), by in sorted(ratios.items()):
+    for (shape, T), entries in sorted(found.items()):
         s = SHAPES[shape]
         rows = shapes.get(shape_key(s["E"], s["H"], s["I"], s["K"]), {}).get("budget", {})
         row = rows.get(str(T))
-        good = {v: r for v, r in by.items() if len(files[shape, T, v]) >= min(2, len(traces))
-                and min(r) >= ADOPT_MIN and statistics.median(r) >= ADOPT_MEDIAN}
-        if row is None or not row.get("one_launch") or not good:
+        if row is None or not row.get("one_launch"):
             continue
-        v = max(good, key=lambda k: statistics.median(good[k]))
-        cfg = parse_variant(v, MoeConfig.from_dict(row))
-        rows[str(T)] = {**dataclasses.asdict(cfg), "us": row["us"], "floor_us": row["floor_us"],
-                        "trace_variant": v, "trace_ratios": [round(x, 3) for x in good[v]]}
-        changed.append(f"{shape} T={T}: {v} (shipped / variant {min(good[v]):.3f}-{max(good[v]):.3f})")
+        base = cfg = MoeConfig.from_dict(row)
+        chain = []
+        for _ in traces:  # at most one adoption per file
+            ratios: dict[str, list[float]] = {}
+            files: dict[str, set[int]] = {}
+            cfgs = {}
+            for i, by in entries:
+                ran = MoeConfig.from_dict(by["shipped"]["config"]) if "config" in by["shipped"] else base
+                if ran != cfg:
+                    continue
+                for v, c in by.items():
+                    if v != "shipped":
+                        ratios.setdefault(v, []).append(by["shipped"]["us"] / c["us"])
+                        files.setdefault(v, set()).add(i)
+                        cfgs[v] = (MoeConfig.from_dict(c["config"]) if "config" in c
+                                   else parse_variant(v, cfg))
+            good = {v: r for v, r in ratios.items() if len(files[v]) >= min(2, len(traces))
+                    and min(r) >= ADOPT_MIN and statistics.median(r) >= ADOPT_MEDIAN}
+            if not good:
+                break
+            v = max(good, key=lambda k: statistics.median(good[k]))
+            if cfgs[v] == cfg:
+                break
+            cfg = cfgs[v]
+            chain.append((v, good[v]))
+            changed.append(f"{shape} T={T}: {v} (shipped / variant {min(good[v]):.3f}-{max(good[v]):.3f})")
+        if chain:
+            rows[str(T)] = {**dataclasses.asdict(cfg), "us": row["us"], "floor_us": row["floor_us"],
+                            "trace_variant": " > ".join(v for v, _ in chain),
+                            "trace_ratios": [round(x, 3) for x in chain[-1][1]]}
     return changed
 
 
