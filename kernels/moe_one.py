@@ -23,6 +23,10 @@ nothing. Spins are bounded (~2^22 polls) so a broken counter cannot hang the GPU
 interpreter (programs run one after another) the grid is one program per unit, in unit order, so
 every wait finds its flag already complete and the code is the code the GPU runs.
 Deterministic: every output element is computed by one program in a fixed order.
+TMA (tma=1: every weight tile, tma=2: the down tiles only) reads the [BN, BK] weight tiles through
+host-made tensor descriptors (bulk tensor copies, zero-filled past the matrix) instead of pointer
+loads: the same tiles, so the same output bit for bit, with fewer registers for addresses; an up
+unit is then the whole BN1 tile (up_cols = BN1), which is why tma=2 exists.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per

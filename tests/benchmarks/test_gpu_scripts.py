@@ -544,3 +544,40 @@ def test_tuned_configs_adopts_trace_variants_by_rule():
     assert s[key]["dense"]["16"] == one  # dense rows are never touched
     s1 = shapes()
     assert tc.apply_traces(s1, [extra])[0].startswith("qwen3-30b-a3b T=16: c=2")  # one file: enough
+
+
+def test_tuned_configs_judges_a_variant_against_what_its_file_ran():
+    # generation 1: u=48 over the sweep row (two files); generation 2: t=2 timed over the u=48 row
+    # (its "shipped" config) in two later files. t=2 is adopted on top of u=48; a file whose
+    # shipped ran something else (here: t=2, slower, over the bare row) counts only in its own
+    # generation.
+    tc = importlib.import_module("tuned_configs")
+    from base_sglang.kernels.fused_moe import MoeConfig
+    from base_sglang.kernels.moe_configs import shape_key
+    from base_sglang.kernels.moe_gemm import GemmConfig
+
+    key = shape_key(128, 2048, 768, 8)
+    bare = MoeConfig(up=GemmConfig(64, 128, 4, 3), one_launch=True, ctas_per_sm=3)
+    u48 = dataclasses.replace(bare, up_cols=48)
+    both = dataclasses.replace(u48, tma=2)
+    row = {**dataclasses.asdict(bare), "us": 50.0, "floor_us": 36.0}
+
+    def cell(M, v, us, cfg):
+        return dict(shape="qwen3-30b-a3b", T=16, M=M, variant=v, us=us, shipped_one_launch=True,
+                    config=dataclasses.asdict(cfg))
+
+    old = {"cells": [cell(8, "shipped", 33.0, bare), cell(8, "u=48", 31.0, u48),
+                     cell(16, "shipped", 48.0, bare), cell(16, "u=48", 46.0, u48)]}
+    new = {"cells": [cell(8, "shipped", 31.0, u48), cell(8, "t=2", 30.0, both),
+                     cell(16, "shipped", 46.0, u48), cell(16, "t=2", 44.0, both)]}
+    stray = {"cells": [cell(16, "shipped", 48.0, bare), cell(16, "t=2", 60.0,
+                                                             dataclasses.replace(bare, tma=2))]}
+    s = {key: {"budget": {"16": dict(row)}}}
+    changed = tc.apply_traces(s, [old, old, new, stray, new])
+    got = s[key]["budget"]["16"]
+    assert [c.split(" (")[0] for c in changed] == ["qwen3-30b-a3b T=16: u=48", "qwen3-30b-a3b T=16: t=2"]
+    assert MoeConfig.from_dict(got) == both and got["trace_variant"] == "u=48 > t=2"
+    assert got["trace_ratios"] == [1.033, 1.045, 1.033, 1.045]
+    s = {key: {"budget": {"16": dict(row)}}}
+    tc.apply_traces(s, [old, old, new])  # t=2 over u=48 in one file of three: not enough
+    assert MoeConfig.from_dict(s[key]["budget"]["16"]) == u48
