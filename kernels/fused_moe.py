@@ -51,7 +51,7 @@ class MoeConfig:
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
                         tma=int(d.get("tma", 0)))
-        check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg)  # at load, not at a layer's first call
+        check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma)  # at load, not at first call
         return cfg
 
 

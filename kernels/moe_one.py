@@ -248,12 +248,16 @@ def _moe_one_kernel(
     _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
-def check_options(bn1: int, up_cols: int | None, maxnreg: int | None) -> int:
-    """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1) and maxnreg (None / 0 = none;
-    24..255) -> the columns per up unit (UPC). Also what MoeConfig checks when a table loads."""
+def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0) -> int:
+    """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
+    24..255) and tma (0, 1 with up_cols = BN1, or 2) -> the columns per up unit (UPC). Also what
+    MoeConfig checks when a table loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
+    check(tma in (0, 1, 2) and (tma != 1 or upc == bn1),
+          f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), got tma {tma}, "
+          f"up_cols {up_cols}")
     return upc
 
 
@@ -310,10 +314,9 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    upc = check_options(bn1, up_cols, maxnreg)
-    check(tma in (0, 1, 2) and (not tma or (H % 8 == 0 and I % 8 == 0)) and (tma != 1 or upc == bn1),
-          f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), with H and I "
-          f"multiples of 8 (16-byte rows); got tma {tma}, up_cols {up_cols}, H {H}, I {I}")
+    upc = check_options(bn1, up_cols, maxnreg, tma)
+    check(not tma or (H % 8 == 0 and I % 8 == 0),
+          f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     ids = ids.contiguous()
     weights = weights.contiguous()

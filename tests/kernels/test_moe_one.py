@@ -184,7 +184,8 @@ def test_through_fused_moe_config():
     row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True, maxnreg=168)
     assert MoeConfig.from_dict(row).maxnreg == 168
     for bad, field in ((dict(maxnreg=8), "maxnreg"), (dict(up_cols=12), "up_cols"),
-                       (dict(up_cols=64, up=dict(block_n=32)), "up_cols")):  # refused at load
+                       (dict(up_cols=64, up=dict(block_n=32)), "up_cols"),
+                       (dict(tma=3), "tma"), (dict(tma=1, up_cols=16), "tma")):  # refused at load
         with pytest.raises(ValueError, match=field):
             MoeConfig.from_dict({**row, **bad})
     capped = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
