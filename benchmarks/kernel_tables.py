@@ -15,7 +15,8 @@ trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), on
 profile: DIR/e2e_A and DIR/e2e_B profile_b16.json of bench_decode.py (A, B = split, fold or new,
         old): one profiled decode step's GPU time per kernel, GPU busy and idle time;
 table_e2e: DIR/e2e_new and DIR/e2e_old summary.json (this commit's tuned table against the table
-        without trace variants); aa_e2e: DIR/e2e_run1 and DIR/e2e_run2, two runs of one setting.
+        without trace variants); aa_e2e: DIR/e2e_run1 and DIR/e2e_run2, two runs of one setting;
+runs_e2e: every DIR/e2e_* of gpu/run_table_e2e_h200.sh (new / old table, repeated) side by side.
 """
 
 from __future__ import annotations
@@ -137,6 +138,29 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
         um = f"{u['median_step_ms']:.2f}" if u else "not run (time budget)"
         ratio = f"{u['median_step_ms'] / f['median_step_ms']:.3f}" if f and u else "-"
         out.append(f"| {key[0]} | {key[1]} | {fm} | {um} | {ratio} |")
+    return "\n".join(out)
+
+
+def runs_table(folder: str) -> str:
+    """Decode step (median ms) per (B, budget) of every DIR/e2e_* run, in run order (run_table_e2e_h200.sh:
+    e2e_new, e2e_old, e2e_new_2, ...), and the mean of the "old" runs over the mean of the "new" ones."""
+    names = sorted((n for n in os.listdir(folder) if n.startswith("e2e_")
+                    and os.path.isfile(os.path.join(folder, n, "summary.json"))),
+                   key=lambda n: (int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit() else 1, n))
+    runs = {}
+    for name in names:
+        with open(os.path.join(folder, name, "summary.json")) as f:
+            runs[name] = {(r["batch"], str(r["budget"])): r["median_step_ms"] for r in json.load(f)["row_stats"]}
+    keys = sorted({k for r in runs.values() for k in r}, key=lambda k: (k[0], k[1]))
+    out = ["| B | budget | " + " | ".join(f"{n[4:]} ms/step" for n in names) + " | old / new (means) |",
+           "|---:|---|" + "---:|" * (len(names) + 1)]
+    for key in keys:
+        vals = [runs[n].get(key) for n in names]
+        new = [v for n, v in zip(names, vals) if v and n.startswith("e2e_new")]
+        old = [v for n, v in zip(names, vals) if v and n.startswith("e2e_old")]
+        ratio = f"{(sum(old) / len(old)) / (sum(new) / len(new)):.3f}" if new and old else "-"
+        out.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{v:.2f}" if v else "not run" for v in vals)
+                   + f" | {ratio} |")
     return "\n".join(out)
 
 
@@ -283,7 +307,7 @@ def main() -> int:
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
                                      "trace", "trace_grid", "profile", "table_e2e",
-                                     "aa_e2e"))
+                                     "aa_e2e", "runs_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
@@ -317,6 +341,9 @@ def main() -> int:
         return 0
     if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
         print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))
+        return 0
+    if kind == "runs_e2e":  # gpu/run_table_e2e_h200.sh: new / old tables, repeated
+        print(runs_table(args.folder))
         return 0
     if kind == "aa_e2e":  # the same setting twice, one after the other
         print(fold_table(args.folder, "e2e_run1", "e2e_run2", ("first run", "second run")))

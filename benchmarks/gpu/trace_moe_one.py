@@ -45,13 +45,14 @@ from base_sglang.core import SelectionConfig, moe_forward_ref  # noqa: E402
 from base_sglang.kernels import base_select_experts  # noqa: E402
 from base_sglang.kernels.fused_moe import default_config, device_name  # noqa: E402
 from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
-from base_sglang.kernels.moe_one import moe_one, moe_one_units  # noqa: E402
+from base_sglang.kernels.moe_one import SPIN_MAX_NS, moe_one, moe_one_units  # noqa: E402
 from base_sglang.kernels.utils import num_sms  # noqa: E402
 from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" joined by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "w=NS" joined by
+    "/" -> the config (w = spin_ns: nanosleep between a waiting down unit's polls)."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -68,9 +69,11 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, up_cols=nums[0])
         elif key == "t" and nums in ([0], [1], [2]):  # TMA tiles: t=1 all (up unit = BN1), t=2 down
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
+        elif key == "w" and len(nums) == 1 and 0 <= nums[0] <= SPIN_MAX_NS:
+            cfg = dataclasses.replace(cfg, spin_ns=nums[0])
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2 joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2, w=0..{SPIN_MAX_NS} joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -78,7 +81,7 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma)
+                up_cols=cfg.up_cols or None, tma=cfg.tma, spin_ns=cfg.spin_ns)
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741
@@ -89,7 +92,9 @@ def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741
 
 def summarise(tr: torch.Tensor, units: int, u1: int, units_real: int) -> dict:
     """Times in us from the first program's start (see the module docstring): rows [0, u1) are
-    the up units that ran, [u1, units_real) the down units, [units, ...) the programs."""
+    the up units that ran, [u1, units_real) the down units, [units, ...) the programs. Column 3 of
+    a unit's row is the SM it ran on: up_units_per_sm_max / sms_with_2_up say how evenly the
+    hardware's placement of the programs spread the up units."""
     prog = tr[units:]
     prog = prog[prog[:, 0] > 0]  # the grid moe_one clamped to
     t0 = int(prog[:, 0].min())
@@ -101,7 +106,15 @@ def summarise(tr: torch.Tensor, units: int, u1: int, units_real: int) -> dict:
                 up_mean_us=round(float((up[:, 2] - up[:, 0]).double().mean()) / 1e3, 2),
                 down_first_go_us=us(dn[:, 1].min()), down_last_go_us=us(dn[:, 1].max()),
                 down_compute_mean_us=round(float((dn[:, 2] - dn[:, 1]).double().mean()) / 1e3, 2),
-                span_us=us(prog[:, 2].max()), sms_used=int(torch.unique(prog[:, 3]).numel()))
+                span_us=us(prog[:, 2].max()), sms_used=int(torch.unique(prog[:, 3]).numel()),
+                **_per_sm(up[:, 3]))
+
+
+def _per_sm(sm: torch.Tensor) -> dict:
+    """How the up units fell on the SMs (sm: the SM of each up unit)."""
+    per = torch.bincount(sm.long()) if sm.numel() else torch.zeros(1, dtype=torch.long)
+    return dict(up_units_per_sm_max=int(per.max()), sms_with_up=int((per > 0).sum()),
+                sms_with_2_up=int((per >= 2).sum()))
 
 
 def main() -> int:

@@ -281,6 +281,24 @@ def test_shell_scripts_parse_and_base_plus_script_refuses_unknown_parts(tmp_path
     assert r.returncode == 2 and "unknown part 'bogus'" in r.stderr
 
 
+def test_table_e2e_script_refuses_a_missing_table_and_a_bad_order_before_any_work(tmp_path):
+    import subprocess
+
+    script = str(GPU_DIR / "run_table_e2e_h200.sh")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "o")}
+    r = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0 and "OLD_TABLE" in r.stderr
+    r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
+                       env={**env, "OLD_TABLE": str(tmp_path / "absent.json")})
+    assert r.returncode == 2 and "no such file" in r.stderr
+    old = tmp_path / "old.json"
+    old.write_text("{}")
+    r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60,
+                       env={**env, "OLD_TABLE": str(old), "ORDER": "new bogus"})
+    assert r.returncode == 2 and "ORDER: new or old, got bogus" in r.stderr
+    assert not (tmp_path / "o").exists()  # refused before it touched anything
+
+
 # ---- the step profile ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, cat", [
     ("fused_moe_kernel", "moe_experts"), ("_moe_align_small_numel_kernel", "moe_experts"),
@@ -469,9 +487,12 @@ def test_trace_moe_one_variants_layout_and_summary():
     u48 = trace_moe.parse_variant("u=48", cfg)
     assert trace_moe.one_kwargs(u48, 264)["up_cols"] == 48 and kw["up_cols"] is None
     assert trace_moe.layout(8, 2048, 768, u48) == (128, 256)  # 16 up units per expert
-    for bad in ("u=12", "u=0"):
+    for bad in ("u=12", "u=0", "w=-1", "w=1001", "w=1:2"):
         with pytest.raises(SystemExit):
             trace_moe.parse_variant(bad, cfg)
+    w = trace_moe.parse_variant("t=2/w=200", u48)
+    assert (w.tma, w.spin_ns, w.up_cols) == (2, 200, 48)
+    assert trace_moe.one_kwargs(w, 396)["spin_ns"] == 200 and kw["spin_ns"] == 0
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns
@@ -486,6 +507,10 @@ def test_trace_moe_one_variants_layout_and_summary():
     assert (g["start_spread_us"], g["align_done_us"], g["up_last_end_us"]) == (0.1, 0.5, 9.0)
     assert (g["down_last_go_us"], g["down_compute_mean_us"], g["span_us"]) == (9.2, 3.8, 13.5)
     assert g["up_mean_us"] == round(((9_000 - 1_500) + (10_000 - 1_600)) / 2 / 1e3, 2)
+    assert (g["up_units_per_sm_max"], g["sms_with_up"], g["sms_with_2_up"]) == (1, 2, 0)
+    tr[1, 3] = 7  # both up units on SM 7
+    g = trace_moe.summarise(tr, 4, 2, 3)
+    assert (g["up_units_per_sm_max"], g["sms_with_up"], g["sms_with_2_up"]) == (2, 1, 1)
 
 
 # ---- sweep_moe: the one-launch register-cap stage ---------------------------------------------------

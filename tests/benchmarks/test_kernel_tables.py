@@ -185,3 +185,19 @@ def test_aa_e2e_and_the_profile_of_two_runs(tmp_path):
     out = _run("profile", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "| | run1 ms/step |" in out.stdout and "| **step - busy** | 0.860 | - | 1.080 | - |" in out.stdout
+
+
+def test_runs_e2e_orders_the_repeats_and_averages_old_over_new(tmp_path):
+    for name, rows in (("new", {8: 5.0, 16: 6.0}), ("old", {8: 5.5, 16: 6.2}),
+                       ("new_2", {8: 5.2}), ("old_2", {8: 5.7, 16: 6.4})):
+        d = tmp_path / f"e2e_{name}"
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"row_stats": [
+            dict(batch=b, budget=16, median_step_ms=ms) for b, ms in rows.items()]}))
+    (tmp_path / "e2e_broken").mkdir()  # no summary.json: not a run
+    out = _run("runs_e2e", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "| B | budget | new ms/step | old ms/step | new_2 ms/step | old_2 ms/step | old / new (means) |" in out.stdout
+    assert "| 8 | 16 | 5.00 | 5.50 | 5.20 | 5.70 | 1.098 |" in out.stdout  # (5.5+5.7)/2 / (5.0+5.2)/2
+    assert "| 16 | 16 | 6.00 | 6.20 | not run | 6.40 | 1.050 |" in out.stdout  # 6.3 / 6.0
+    assert "broken" not in out.stdout
