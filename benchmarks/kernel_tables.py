@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 
@@ -141,16 +142,30 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
     return "\n".join(out)
 
 
+BENCH_ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s*$")  # bench_decode's table
+
+
 def runs_table(folder: str) -> str:
     """Decode step (median ms) per (B, budget) of every DIR/e2e_* run, in run order (run_table_e2e_h200.sh:
-    e2e_new, e2e_old, e2e_new_2, ...), and the mean of the "old" runs over the mean of the "new" ones."""
-    names = sorted((n for n in os.listdir(folder) if n.startswith("e2e_")
-                    and os.path.isfile(os.path.join(folder, n, "summary.json"))),
-                   key=lambda n: (int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit() else 1, n))
+    e2e_new, e2e_old, e2e_new_2, ...), and the mean of the "old" runs over the mean of the "new" ones.
+    A run without summary.json is read from the table its DIR/e2e_*.log printed (marked "(log)")."""
     runs = {}
-    for name in names:
-        with open(os.path.join(folder, name, "summary.json")) as f:
-            runs[name] = {(r["batch"], str(r["budget"])): r["median_step_ms"] for r in json.load(f)["row_stats"]}
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name, "summary.json")
+        if name.startswith("e2e_") and os.path.isfile(path):
+            with open(path) as f:
+                runs[name] = {(r["batch"], str(r["budget"])): r["median_step_ms"]
+                              for r in json.load(f)["row_stats"]}
+    for name in os.listdir(folder):  # a run whose summary.json did not come back: its log's table
+        run = name[:-4]
+        if name.startswith("e2e_") and name.endswith(".log") and run not in runs:
+            with open(os.path.join(folder, name)) as f:
+                rows = [m.groups() for m in map(BENCH_ROW.match, f) if m]
+            if rows:
+                runs[run + " (log)"] = {(int(b), budget): float(ms) for b, budget, ms in rows}
+    order = lambda n: (int(n.split()[0].rsplit("_", 1)[1]) if n.split()[0].rsplit("_", 1)[1].isdigit()
+                       else 1, n)  # noqa: E731
+    names = sorted(runs, key=order)
     keys = sorted({k for r in runs.values() for k in r}, key=lambda k: (k[0], k[1]))
     out = ["| B | budget | " + " | ".join(f"{n[4:]} ms/step" for n in names) + " | old / new (means) |",
            "|---:|---|" + "---:|" * (len(names) + 1)]

@@ -224,7 +224,7 @@ def backfill_lines() -> tuple:
 
 
 def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None,
-             tma: int = 0, spin_ns: int = 0) -> dict:
+             tma: int = 0) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
     bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
     programs per SM they allow."""
@@ -239,7 +239,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
-                  USE_PDL=True, TRACE=trace, TMA=tma, SPIN_NS=spin_ns)
+                  USE_PDL=True, TRACE=trace, TMA=tma)
     types = {}
     if tma == 1:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
         consts["UPC"] = cfg.up.block_n
@@ -255,7 +255,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
     return dict(r, one_launch=cfg.one_launch, tiles=f"bm{cfg.block_m}/up{cfg.up.block_n},"
                 f"{cfg.up.block_k},{warps},{cfg.up.num_stages}/dn{cfg.down.block_n},{cfg.down.block_k}",
                 programs_per_sm=per_sm, ldgsts=r["opcodes"].get("LDGSTS", 0),
-                utmaldg=r["opcodes"].get("UTMALDG", 0), nanosleep=r["opcodes"].get("NANOSLEEP", 0),
+                utmaldg=r["opcodes"].get("UTMALDG", 0),
                 globaltimer=any("GLOBALTIMER" in x for x in r["sass"]))
 
 
@@ -272,8 +272,6 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="--moe: with the trace stamps compiled in")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0],
                     help="--moe: register caps to compile (0 = the tuned row's, default)")
-    ap.add_argument("--spin-ns", type=int, default=0,
-                    help="--moe: moe_one(spin_ns=N), nanosleep between a waiting down unit's polls")
     ap.add_argument("--tma", type=int, default=0, choices=(0, 1, 2),
                     help="--moe: TMA weight tiles, moe_one(tma=N): 1 all, 2 down only")
     ap.add_argument("--json", help="also write the counts here")
@@ -290,14 +288,13 @@ def main() -> int:
         for tiles in args.tiles:
             if args.moe:
                 for cap in args.maxnreg:
-                    r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.spin_ns)
-                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma,
-                                     spin_ns=args.spin_ns, **{
+                    r = moe_sass(args.shape, T, args.trace, cap, args.tma)
+                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, **{
                         k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
                     print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "
                           f"{r['instructions']:6} instructions  {r['registers']:3} regs  {r['shared']} B "
                           f"shared -> {r['programs_per_sm']} per SM  LDGSTS {r['ldgsts']}  "
-                          f"UTMALDG {r['utmaldg']}  NANOSLEEP {r['nanosleep']}  stack "
+                          f"UTMALDG {r['utmaldg']}  stack "
                           f"{r['stack']}  globaltimer {r['globaltimer']}")
                 continue
             if args.split:

@@ -27,8 +27,6 @@ TMA (tma=1: every weight tile, tma=2: the down tiles only) reads the [BN, BK] we
 host-made tensor descriptors (bulk tensor copies, zero-filled past the matrix) instead of pointer
 loads: the same tiles, so the same output bit for bit, with fewer registers for addresses; an up
 unit is then the whole BN1 tile (up_cols = BN1), which is why tma=2 exists.
-SPIN_NS (spin_ns, GPU only) sleeps that many ns (PTX nanosleep) between a waiting down unit's
-polls of its flag, instead of a tight spin beside the up units that share its SM.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -63,17 +61,11 @@ def _arrive(ptr, inc):
 
 
 @triton.jit
-def _wait_moved(ptr, base, BAR_BITS: tl.constexpr, SPIN_NS: tl.constexpr):
-    """Spin until the high bits of *ptr leave base (all arrivals of this launch are in). SPIN_NS > 0
-    sleeps that long between polls (GPU only), so a waiting program takes fewer issue slots and
-    memory requests from the up units sharing its SM."""
+def _wait_moved(ptr, base, BAR_BITS: tl.constexpr):
+    """Spin until the high bits of *ptr leave base (all arrivals of this launch are in)."""
     high = -(1 << BAR_BITS)
     polls = 0
     while ((tl.load(ptr, volatile=True) & high) == base) & (polls < (1 << 22)):
-        if SPIN_NS > 0:
-            polls += tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r",
-                                               [polls * 0 + SPIN_NS], dtype=tl.int32,
-                                               is_pure=False, pack=1)
         polls += 1
     tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
@@ -117,7 +109,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, SPIN_NS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -205,7 +197,7 @@ def _moe_one_kernel(
             ns_d = nh * BN2 + tl.arange(0, BN2)  # [BN2]
             nmask_d = ns_d < H
             ks_d = tl.arange(0, BK2)  # [BK2]
-            _wait_moved(sync_ptr + 1 + j, base, BAR_BITS, SPIN_NS)
+            _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
             _stamp(trace_ptr, u, 1, pid, TRACE)
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):
@@ -256,23 +248,17 @@ def _moe_one_kernel(
     _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
-def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0,
-                  spin_ns: int = 0) -> int:
+def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0) -> int:
     """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
-    24..255), tma (0, 1 with up_cols = BN1, or 2) and spin_ns (0..SPIN_MAX_NS) -> the columns per
-    up unit (UPC). Also what MoeConfig checks when a table loads."""
+    24..255) and tma (0, 1 with up_cols = BN1, or 2) -> the columns per up unit (UPC). Also what
+    MoeConfig checks when a table loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
     check(tma in (0, 1, 2) and (tma != 1 or upc == bn1),
           f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), got tma {tma}, "
           f"up_cols {up_cols}")
-    check(isinstance(spin_ns, int) and 0 <= spin_ns <= SPIN_MAX_NS,
-          f"spin_ns: 0..{SPIN_MAX_NS} ns of sleep between polls, got {spin_ns}")
     return upc
-
-
-SPIN_MAX_NS = 1000  # nanosleep between a down unit's polls of its flag, at most (0 = a tight spin)
 
 
 _FITS: dict[tuple, int] = {}
@@ -316,7 +302,6 @@ def moe_one(
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
-    spin_ns: int = 0,  # sleep between a waiting down unit's polls (GPU; 0 = a tight spin)
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -329,7 +314,7 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    upc = check_options(bn1, up_cols, maxnreg, tma, spin_ns)
+    upc = check_options(bn1, up_cols, maxnreg, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
@@ -353,8 +338,7 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma,
-                  SPIN_NS=0 if interp else spin_ns, num_warps=num_warps,
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
     gu_arg, dn_arg = gate_up, down

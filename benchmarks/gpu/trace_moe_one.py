@@ -45,14 +45,13 @@ from base_sglang.core import SelectionConfig, moe_forward_ref  # noqa: E402
 from base_sglang.kernels import base_select_experts  # noqa: E402
 from base_sglang.kernels.fused_moe import default_config, device_name  # noqa: E402
 from base_sglang.kernels.moe_gemm import GemmConfig  # noqa: E402
-from base_sglang.kernels.moe_one import SPIN_MAX_NS, moe_one, moe_one_units  # noqa: E402
+from base_sglang.kernels.moe_one import moe_one, moe_one_units  # noqa: E402
 from base_sglang.kernels.utils import num_sms  # noqa: E402
 from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "w=NS" joined by
-    "/" -> the config (w = spin_ns: nanosleep between a waiting down unit's polls)."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" joined by "/" -> the config."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -69,11 +68,9 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, up_cols=nums[0])
         elif key == "t" and nums in ([0], [1], [2]):  # TMA tiles: t=1 all (up unit = BN1), t=2 down
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
-        elif key == "w" and len(nums) == 1 and 0 <= nums[0] <= SPIN_MAX_NS:
-            cfg = dataclasses.replace(cfg, spin_ns=nums[0])
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2, w=0..{SPIN_MAX_NS} joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2 joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -81,7 +78,7 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma, spin_ns=cfg.spin_ns)
+                up_cols=cfg.up_cols or None, tma=cfg.tma)
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741

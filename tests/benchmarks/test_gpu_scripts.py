@@ -487,12 +487,9 @@ def test_trace_moe_one_variants_layout_and_summary():
     u48 = trace_moe.parse_variant("u=48", cfg)
     assert trace_moe.one_kwargs(u48, 264)["up_cols"] == 48 and kw["up_cols"] is None
     assert trace_moe.layout(8, 2048, 768, u48) == (128, 256)  # 16 up units per expert
-    for bad in ("u=12", "u=0", "w=-1", "w=1001", "w=1:2"):
+    for bad in ("u=12", "u=0", "w=100"):
         with pytest.raises(SystemExit):
             trace_moe.parse_variant(bad, cfg)
-    w = trace_moe.parse_variant("t=2/w=200", u48)
-    assert (w.tma, w.spin_ns, w.up_cols) == (2, 200, 48)
-    assert trace_moe.one_kwargs(w, 396)["spin_ns"] == 200 and kw["spin_ns"] == 0
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns

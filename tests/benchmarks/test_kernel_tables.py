@@ -195,9 +195,14 @@ def test_runs_e2e_orders_the_repeats_and_averages_old_over_new(tmp_path):
         (d / "summary.json").write_text(json.dumps({"row_stats": [
             dict(batch=b, budget=16, median_step_ms=ms) for b, ms in rows.items()]}))
     (tmp_path / "e2e_broken").mkdir()  # no summary.json: not a run
+    (tmp_path / "e2e_old_3.log").write_text(  # its summary.json did not come back: the log's table
+        "[profile] B=8 budget=16: graph 6.0 ms/step\n B  budget   tok/s  ms/step  experts/layer  union\n"
+        "--  ------  ------  -------  -------------  -----\n8      16  1325.0     5.9           16.0   52.5\n")
+    (tmp_path / "e2e_new.log").write_text("8      16  1.0     9.99           16.0   52.5\n")  # has JSON
     out = _run("runs_e2e", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "| B | budget | new ms/step | old ms/step | new_2 ms/step | old_2 ms/step | old / new (means) |" in out.stdout
-    assert "| 8 | 16 | 5.00 | 5.50 | 5.20 | 5.70 | 1.098 |" in out.stdout  # (5.5+5.7)/2 / (5.0+5.2)/2
-    assert "| 16 | 16 | 6.00 | 6.20 | not run | 6.40 | 1.050 |" in out.stdout  # 6.3 / 6.0
-    assert "broken" not in out.stdout
+    assert ("| B | budget | new ms/step | old ms/step | new_2 ms/step | old_2 ms/step | old_3 (log) ms/step "
+            "| old / new (means) |") in out.stdout
+    assert "| 8 | 16 | 5.00 | 5.50 | 5.20 | 5.70 | 5.90 | 1.118 |" in out.stdout  # (5.5+5.7+5.9)/3 / 5.1
+    assert "| 16 | 16 | 6.00 | 6.20 | not run | 6.40 | not run | 1.050 |" in out.stdout  # 6.3 / 6.0
+    assert "broken" not in out.stdout and "9.99" not in out.stdout
