@@ -145,6 +145,12 @@ def fold_table(folder: str, a: str = "e2e_fold", b: str = "e2e_nofold",
 BENCH_ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s*$")  # bench_decode's table
 
 
+def _run_order(name: str) -> tuple[int, str]:
+    """e2e_new, e2e_old (repeat 1), e2e_new_2, e2e_old_2 (log), ...: by repeat, then by name."""
+    tail = name.split()[0].rsplit("_", 1)[1]
+    return (int(tail) if tail.isdigit() else 1, name)
+
+
 def runs_table(folder: str) -> str:
     """Decode step (median ms) per (B, budget) of every DIR/e2e_* run, in run order (run_table_e2e_h200.sh:
     e2e_new, e2e_old, e2e_new_2, ...), and the mean of the "old" runs over the mean of the "new" ones.
@@ -163,9 +169,7 @@ def runs_table(folder: str) -> str:
                 rows = [m.groups() for m in map(BENCH_ROW.match, f) if m]
             if rows:
                 runs[run + " (log)"] = {(int(b), budget): float(ms) for b, budget, ms in rows}
-    order = lambda n: (int(n.split()[0].rsplit("_", 1)[1]) if n.split()[0].rsplit("_", 1)[1].isdigit()
-                       else 1, n)  # noqa: E731
-    names = sorted(runs, key=order)
+    names = sorted(runs, key=_run_order)
     keys = sorted({k for r in runs.values() for k in r}, key=lambda k: (k[0], k[1]))
     out = ["| B | budget | " + " | ".join(f"{n[4:]} ms/step" for n in names) + " | old / new (means) |",
            "|---:|---|" + "---:|" * (len(names) + 1)]
