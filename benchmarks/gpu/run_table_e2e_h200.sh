@@ -9,7 +9,7 @@
 #   -> OUT/e2e_*/summary.json, profile_b16.json (bench_decode's name, whatever PROFILE_B is), e2e_*.log
 # Usage (repository root; carry .device_carry/*.tar.xz; proxy weights home: device-slim on):
 #   OUT=/path OLD_TABLE=path/to/NVIDIA_H200.json [BASE_COMMIT=sha] bash benchmarks/gpu/run_table_e2e_h200.sh
-# Tables: python benchmarks/kernel_tables.py table_e2e OUT ; python benchmarks/kernel_tables.py profile OUT
+# Tables: python benchmarks/kernel_tables.py runs_e2e OUT ; python benchmarks/kernel_tables.py profile OUT
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -39,7 +39,8 @@ for kind in ${ORDER:-new old new old}; do
     esac
     n=$(( ${seen[$kind]:-0} + 1 )); seen[$kind]=$n
     name=e2e_$kind; [ "$n" -gt 1 ] && name=${name}_$n
-    log "=== SGLang decode with the $kind table ($name; $(grep -c '"tma": [12]' "$TABLE") rows with TMA)"
+    same=$(cmp -s "$TABLE" "$OLD_TABLE" && echo "the same file as" || echo "differs from")
+    log "=== SGLang decode with the $kind table ($name; it $same OLD_TABLE)"
     decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-150}" -- --profile-batch "${PROFILE_B:-8}" \
         --profile-budgets "${budgets[@]}" --batches "${batches[@]}" --budgets "${budgets[@]}" \
         --rounds "${ROUNDS:-3}" --time-budget "${DECODE_BUDGET_S:-110}" || status=1
