@@ -27,13 +27,6 @@ TMA (tma=1: every weight tile, tma=2: the down tiles only) reads the [BN, BK] we
 host-made tensor descriptors (bulk tensor copies, zero-filled past the matrix) instead of pointer
 loads: the same tiles, so the same output bit for bit, with fewer registers for addresses; an up
 unit is then the whole BN1 tile (up_cols = BN1), which is why tma=2 exists.
-PREFETCH (a bit mask; GPU only: bulk L2 prefetches, cp.async.bulk.prefetch.L2, one per tile, issued
-by one thread; nothing under the interpreter) asks L2 for a down unit's
-weight tile (the tile's BN2 rows of down[e] are one contiguous block) before the unit needs it, so that
-the down phase does not start cold: 1 = a down unit before it waits for its expert's up units, 2 = a
-down unit, once its wait is over, for the program's next down unit, 4 = every program at its start,
-for its first down unit, 8 = the up units' weight loads marked evict-first (pointer loads only), so
-that the up phase's stream does not push the prefetched tiles out. The output is unchanged bit for bit.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -92,28 +85,6 @@ def _stamp(trace_ptr, row, col, pid, TRACE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(base_ptr, start, n_bytes, ASM: tl.constexpr):
-    """Ask L2 for bytes [start, start + n_bytes) of base_ptr's buffer (16-byte multiples): one bulk
-    prefetch from thread 0 (a hint: no wait, no effect on any value). Nothing under the interpreter."""
-    if ASM:
-        addr = base_ptr.to(tl.pointer_type(tl.int8)) + start
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [addr.to(tl.int64, bitcast=True), n_bytes.to(tl.int32)], dtype=tl.int32,
-            is_pure=False, pack=1)
-
-
-@triton.jit
-def _down_tile_bytes(e, nh, H: tl.constexpr, I: tl.constexpr, BN2: tl.constexpr,  # noqa: E741
-                     ELEM: tl.constexpr):
-    """(first byte, bytes) of down[e, nh*BN2 : nh*BN2 + BN2, :] (rows past H excluded)."""
-    r0 = nh * BN2
-    rows = tl.minimum(H - r0, BN2)
-    return (e.to(tl.int64) * H + r0) * (I * ELEM), (rows * (I * ELEM)).to(tl.int64)
-
-
-@triton.jit
 def _expert_pairs(ids_all, valid, e):
     """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
     mine = valid & (ids_all == e)  # [BP]
@@ -138,7 +109,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, PREFETCH: tl.constexpr, ELEM: tl.constexpr, dn_raw_ptr,
+    TMA: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -177,13 +148,6 @@ def _moe_one_kernel(
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
     u1 = n_act * NT1
     total = u1 + n_act * NT2
-    if PREFETCH & 4:  # this program's first down unit: u1 + ((pid - u1) mod n_prog)
-        first = tl.where(pid >= u1, pid, pid + (u1 - pid + n_prog - 1) // n_prog * n_prog)
-        if first < total:
-            jf = (first - u1) // NT2
-            ef = tl.sum(tl.where(active & (rank == jf), es, 0), axis=0)
-            b0, nb = _down_tile_bytes(ef, (first - u1) % NT2, H, I, BN2, ELEM)
-            _prefetch_l2(dn_raw_ptr, b0, nb, not DOT_F32)
     _stamp(trace_ptr, n_units + pid, 1, pid, TRACE)
     for u in range(pid, total, n_prog):
         _stamp(trace_ptr, u, 0, pid, TRACE)
@@ -210,12 +174,6 @@ def _moe_one_kernel(
                     if TMA == 1:  # bulk tensor copies, zero-filled past H
                         wg = gu_ptr.load([row, k0]).T  # [BK1, BN1]
                         wu = gu_ptr.load([row + I, k0]).T
-                    elif PREFETCH & 8:  # streamed once: leave L2 to the prefetched down tiles
-                        wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0,
-                                     eviction_policy="evict_first")
-                        wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :], other=0.0,
-                                     eviction_policy="evict_first")
-                        w_ptrs += BK1
                     else:
                         wg = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
                         wu = tl.load(w_ptrs + I * H, mask=kmask[:, None] & nmask[None, :], other=0.0)
@@ -239,18 +197,8 @@ def _moe_one_kernel(
             ns_d = nh * BN2 + tl.arange(0, BN2)  # [BN2]
             nmask_d = ns_d < H
             ks_d = tl.arange(0, BK2)  # [BK2]
-            if PREFETCH & 1:  # this unit's tile, while its expert's up units may still run
-                b0, nb = _down_tile_bytes(e, nh, H, I, BN2, ELEM)
-                _prefetch_l2(dn_raw_ptr, b0, nb, not DOT_F32)
             _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
             _stamp(trace_ptr, u, 1, pid, TRACE)
-            if PREFETCH & 2:  # the program's next unit, while this one computes
-                un = u + n_prog
-                if un < total:
-                    jn = (un - u1) // NT2
-                    en = tl.sum(tl.where(active & (rank == jn), es, 0), axis=0)
-                    b0, nb = _down_tile_bytes(en, (un - u1) % NT2, H, I, BN2, ELEM)
-                    _prefetch_l2(dn_raw_ptr, b0, nb, not DOT_F32)
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
@@ -300,14 +248,10 @@ def _moe_one_kernel(
     _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
-def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0,
-                  prefetch: int = 0) -> int:
+def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0) -> int:
     """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
-    24..255), tma (0, 1 with up_cols = BN1, or 2) and prefetch (a bit mask 0..15) -> the columns
-    per up unit (UPC). Also what MoeConfig checks when a table loads."""
-    check(isinstance(prefetch, int) and 0 <= prefetch <= 15,
-          f"prefetch: a bit mask 0..15 (1 before the wait, 2 the next unit, 4 at the start, 8 up "
-          f"loads evict-first), got {prefetch!r}")
+    24..255) and tma (0, 1 with up_cols = BN1, or 2) -> the columns per up unit (UPC). Also what
+    MoeConfig checks when a table loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
@@ -358,7 +302,6 @@ def moe_one(
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
-    prefetch: int = 0,  # L2 prefetch of the down tiles, a bit mask 0..15 (module docstring)
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -371,9 +314,7 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    upc = check_options(bn1, up_cols, maxnreg, tma, prefetch)
-    check(not prefetch or (I * down.element_size()) % 16 == 0,
-          f"prefetch: a down row must be a multiple of 16 bytes, got I {I}")
+    upc = check_options(bn1, up_cols, maxnreg, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
@@ -397,8 +338,7 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, PREFETCH=prefetch,
-                  ELEM=down.element_size(), num_warps=num_warps,
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
     gu_arg, dn_arg = gate_up, down
@@ -408,22 +348,21 @@ def moe_one(
         dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
     args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))
-    tail = dict(dn_raw_ptr=down)  # the raw down weights, for the prefetch addresses
     if interp:  # one program per unit, in unit order (see the module docstring)
-        _moe_one_kernel[(units,)](*args, units, units, **consts, **tail)
+        _moe_one_kernel[(units,)](*args, units, units, **consts)
         return out
     sms = num_sms(dev)
     key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
     n_prog = min(programs or sms, units)
     if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
-        compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts, **tail)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
     if trace is not None:
         check(trace.dtype == torch.int64 and trace.is_contiguous() and trace.dim() == 2
               and trace.shape[1] == 4 and trace.shape[0] >= units + n_prog,
               f"trace: int64 [>= {units + n_prog}, 4] contiguous, got {trace.dtype} {tuple(trace.shape)}")
-    _moe_one_kernel[(n_prog,)](*args, n_prog, units, **consts, **tail)
+    _moe_one_kernel[(n_prog,)](*args, n_prog, units, **consts)
     return out
 
 

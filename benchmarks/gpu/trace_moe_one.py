@@ -6,7 +6,7 @@ For each shape, T and BASE budget M (ids from base_select_experts, policy base, 
 as sweep_moe.py) it takes the shipped tuned config (kernels/configs; forced to the one-launch
 structure when the row is not one), then for each variant ("shipped", or overrides of it joined by
 "/": up=BN:BK:WARPS:STAGES, dn=BN:BK, c=CTAS per SM, r=MAXNREG registers per thread, u=UP_COLS
-columns per up unit, t=0|1|2 TMA tiles, f=0..15 L2 prefetch bits of the down tiles):
+columns per up unit):
   - checks the output against the fp32 reference (rel. L2 < 1e-2) and run to run bitwise;
   - times it as sweep_moe.py does (CUDA graph of 10 calls, median of 15, 3 rotating weight copies);
   - traces one eager launch on a weight copy not touched by the previous launch: %globaltimer stamps
@@ -51,8 +51,7 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "f=0..15" joined
-    by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" joined by "/" -> the config."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -67,13 +66,11 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, maxnreg=nums[0])
         elif key == "u" and len(nums) == 1 and nums[0] % 8 == 0 and nums[0] > 0:
             cfg = dataclasses.replace(cfg, up_cols=nums[0])
-        elif key == "f" and len(nums) == 1 and 0 <= nums[0] <= 15:  # L2 prefetch bits (moe_one.py)
-            cfg = dataclasses.replace(cfg, prefetch=nums[0])
         elif key == "t" and nums in ([0], [1], [2]):  # TMA tiles: t=1 all (up unit = BN1), t=2 down
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2, f=0..15 joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2 joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -81,7 +78,7 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma, prefetch=cfg.prefetch)
+                up_cols=cfg.up_cols or None, tma=cfg.tma)
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741

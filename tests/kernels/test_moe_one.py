@@ -78,33 +78,6 @@ def test_tma_tiles_same_output(T, E, K, H, I):  # noqa: E741
                                 "tma": 2}).tma == 2
 
 
-@pytest.mark.parametrize("prefetch", [1, 2, 4, 8, 15])
-def test_prefetch_same_output(prefetch):
-    # an L2 prefetch is a hint (GPU only; under the interpreter its address arithmetic runs, the
-    # instruction does not): every bit mask gives the output bit for bit, pointer and TMA tiles
-    x, ids, w, gu, dn = case(6, 8, 3, seed=prefetch)
-    y = moe_one(x, ids, w, gu, dn, **TILES)
-    assert torch.equal(moe_one(x, ids, w, gu, dn, prefetch=prefetch, **TILES), y)
-    assert torch.equal(moe_one(x, ids, w, gu, dn, prefetch=prefetch, tma=2, **TILES), y)
-    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
-                    prefetch=prefetch)
-    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
-
-
-def test_prefetch_refuses_bad_masks():
-    x, ids, w, gu, dn = case(2, 4, 2)
-    for bad in (16, -1):
-        with pytest.raises(ValueError, match="prefetch"):
-            moe_one(x, ids, w, gu, dn, prefetch=bad, **TILES)
-    row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True)
-    assert MoeConfig.from_dict({**row, "prefetch": 5}).prefetch == 5
-    with pytest.raises(ValueError, match="prefetch"):
-        MoeConfig.from_dict({**row, "prefetch": 16})  # refused at load
-    x, ids, w, gu, dn = case(2, 4, 2, H=32, I=20)  # a 40-byte down row: no bulk prefetch
-    with pytest.raises(ValueError, match="prefetch"):
-        moe_one(x, ids, w, gu, dn, prefetch=1, **TILES)
-
-
 def test_tma_refuses_narrow_up_units_and_odd_rows():
     x, ids, w, gu, dn = case(2, 4, 2)
     with pytest.raises(ValueError, match="tma"):
