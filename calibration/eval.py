@@ -59,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "each policy's own rule: partial for base_plus/oracle_plus)")
     p.add_argument("--renorm-alpha", type=float, default=0.5,
                    help="exponent of partial renormalisation (base_plus, oracle_plus, --renorm partial)")
-    p.add_argument("--backfill-min-share", type=float, default=0.0,
-                   help="backfill policies: refill a token's freed slots only for dropped slots carrying "
-                        "more than this share of its routed weight (0..1; 0 = every slot, 1 = none)")
     p.add_argument("--net-lambda", type=float, default=1.0,
                    help="base_net / oracle_net: share of the backfill expert's contribution taken off "
                         "each removal cost (0..1)")
@@ -102,9 +99,6 @@ def _validate(args) -> list[str]:
             raise ValueError(f"policies: unknown policy {p!r}; choose from {ALL_POLICIES}")
         if p in NEEDS_PREDICTOR and not args.predictor:
             raise ValueError(f"predictor: policy {p!r} needs --predictor (a base-calibrate file)")
-    from base_sglang.core import SelectionConfig
-
-    SelectionConfig(backfill_min_share=args.backfill_min_share)  # raises naming backfill_min_share
     args.fold = tuple(parse_fold_variant(v) for v in (args.fold_variants or ["native:1:drop"]))
     if args.max_errors and not args.predictor:
         raise ValueError("predictor: --max-errors needs --predictor (a base-calibrate file)")
@@ -165,8 +159,7 @@ def run(args) -> int:
     settings = build_settings(policies, E, K, budgets, renorm=args.renorm, renorm_alpha=args.renorm_alpha,
                               backfill=not args.no_backfill, lynx_taus=taus,
                               max_errors=tuple(args.max_errors or ()), net_lambda=args.net_lambda,
-                              net_iters=args.net_iters, fold_variants=args.fold,
-                              backfill_min_share=args.backfill_min_share)[1:]
+                              net_iters=args.net_iters, fold_variants=args.fold)[1:]
     for s in tqdm(settings, desc="settings", disable=args.quiet):
         ts = time.time()
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
@@ -187,8 +180,7 @@ def run(args) -> int:
                      "renorm_alpha": args.renorm_alpha, "net_lambda": args.net_lambda,
                      "net_iters": args.net_iters,
                      "fold_variants": [list(v) for v in args.fold],
-                     "backfill": not args.no_backfill,
-                     "backfill_min_share": args.backfill_min_share, "lynx_taus": taus,
+                     "backfill": not args.no_backfill, "lynx_taus": taus,
                      "max_errors": args.max_errors or [], "device": str(dev),
                      "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                      "energy_probe": probe is not None, "documents": len(docs)},

@@ -46,6 +46,7 @@ from base_sglang.calibration.data import (
     tokenize_documents,
     windows,
 )
+from base_sglang.calibration.report import stem_path
 
 UNIFORM_TIE = 1e-12  # per expert of distance from M: among equal sums the most uniform split wins
 
@@ -302,7 +303,7 @@ def _write(args, predictor, layers, ranges, bounds, up_to, E, K, t0) -> int:
            if len(ranges) == 1 else {"ranges": records})})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    predictor.save(out.with_suffix(".safetensors"))
+    predictor.save(stem_path(out, ".safetensors"))
     env = {"model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name,
            "command": "python -m base_sglang.calibration.layer_schedule " + " ".join(args.argv),
            "split": "calib"}
@@ -325,10 +326,10 @@ def _write(args, predictor, layers, ranges, bounds, up_to, E, K, t0) -> int:
                                  "table": table_json(t)}
                           for rec, r, t in zip(records, ranges, tables)]}
     sources = {str(Path(r["curves_from"]).resolve()) for r in ranges if "curves_from" in r}
-    same = str(out.with_suffix(".json").resolve()) in sources
+    same = str(stem_path(out, ".json").resolve()) in sources
     if same:  # rebuilding the table of a measured run: keep its record (curves, command, commit)
-        print(f"{out.with_suffix('.json')} kept (the curves were read from it)")
-    with open(os.devnull if same else out.with_suffix(".json"), "w") as f:
+        print(f"{stem_path(out, '.json')} kept (the curves were read from it)")
+    with open(os.devnull if same else stem_path(out, ".json"), "w") as f:
         json.dump(doc, f, indent=1)
     for rec, r, t in zip(records, ranges, tables):
         rows = f"{rec['min_batch']}-{rec['max_batch'] if rec['max_batch'] is not None else ''}"
@@ -336,7 +337,7 @@ def _write(args, predictor, layers, ranges, bounds, up_to, E, K, t0) -> int:
         for m in r["grid"]:
             if m <= up_to:
                 print(f"{head}M={m}: " + " ".join(str(int(x)) for x in t[:, m]))
-    print(f"wrote {out.with_suffix('.safetensors')}, {out.with_suffix('.json')} in "
+    print(f"wrote {stem_path(out, '.safetensors')}, {stem_path(out, '.json')} in "
           f"{time.time() - t0:.0f} s")
     return 0
 

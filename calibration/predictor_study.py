@@ -58,6 +58,7 @@ from base_sglang.calibration.expert_sketch import sketch_factors, sketch_feature
 from base_sglang.calibration.fit import spearman, top_m_mask
 from base_sglang.calibration.mlp_predictor import MLPConfig, fit_mlp, mlp_features
 from base_sglang.calibration.neuron_features import NEURON_RULES, neuron_features, select_neurons
+from base_sglang.calibration.report import stem_path
 
 OPTIONS = ("linear", "router", "diag2", "quad16", "quad32", "rf256", "linear_w1", "linear_w2",
            "linear_wc")
@@ -435,7 +436,7 @@ def run(args) -> int:
                       "sketch": "sketchR: truncated SVD of [W_g; W_u]; sketchdR: top-R directions of "
                       "the expert's pre-activations on its fit rows" if sketch_keys else None,
                       "seconds": round(time.time() - t0, 1), **environment()}
-    out = Path(args.out).with_suffix(".json")
+    out = stem_path(args.out, ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print_summary(result, budgets)

@@ -58,17 +58,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+OUTPUT_SUFFIXES = (".json", ".csv", ".png", ".safetensors")
+
+
+def stem_path(out: str | Path, suffix: str) -> Path:
+    """An output stem with `suffix`: a stem ending in one of OUTPUT_SUFFIXES has it replaced, any
+    other is extended ("run_tau0.05" -> "run_tau0.05.json", not "run_tau0.json")."""
+    out = Path(out)
+    return out.with_suffix(suffix) if out.suffix in OUTPUT_SUFFIXES else out.with_name(out.name + suffix)
+
+
 def write_outputs(out: str | Path, rows: list[dict], meta: dict, checks: dict) -> list[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".json"), out.with_suffix(".csv")]
+    paths = [stem_path(out, ".json"), stem_path(out, ".csv")]
     with open(paths[0], "w") as f:
         json.dump({"meta": meta, "rows": rows, "checks": checks}, f, indent=1, default=_jsonable)
     with open(paths[1], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    png = plot(out.with_suffix(".png"), rows, meta)
+    png = plot(stem_path(out, ".png"), rows, meta)
     return paths + ([png] if png else [])
 
 

@@ -64,20 +64,18 @@ def build_settings(policies: list[str], num_experts: int, top_k: int, budgets: l
                    lynx_taus: tuple[float, ...] = (1.0,),
                    max_errors: tuple[float, ...] = (), renorm_alpha: float = 0.5,
                    net_lambda: float = 1.0, net_iters: int = 2,
-                   fold_variants: tuple[tuple[str, float, str], ...] = (FOLD_DEFAULT,),
-                   backfill_min_share: float = 0.0) -> list[Setting]:
+                   fold_variants: tuple[tuple[str, float, str], ...] = (FOLD_DEFAULT,)
+                   ) -> list[Setting]:
     """Dense first, then every policy over its knob grid. renorm/backfill apply to the policies that
-    pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx), as do renorm_alpha
-    and backfill_min_share (also base_plus, oracle_plus and the variants). max_errors adds
+    pick a kept set and backfill (base, oracle, gate_sum, frequency, oea, lynx). max_errors adds
     base_plus under error-targeted budgets (policy label "base_plus_err", no expert cap).
     fold_variants: base_fold's (renorm, fold_max_loss, fold_fallback) settings; each but the default
     runs under its own policy label fold_label(...)."""
     out = [Setting("dense", "dense", "-", "-", SelectionConfig(policy="dense"), num_experts)]
-    kw = dict(renorm=renorm, backfill=backfill, renorm_alpha=renorm_alpha,
-              backfill_min_share=backfill_min_share)
+    kw = dict(renorm=renorm, backfill=backfill, renorm_alpha=renorm_alpha)
     # oracle_plus runs the core's oracle (true norms) under base_plus's combine rule
     plus_kw = dict(renorm="partial" if renorm == "native" else renorm, backfill=backfill,
-                   renorm_alpha=renorm_alpha, backfill_min_share=backfill_min_share)
+                   renorm_alpha=renorm_alpha)
     for p in policies:
         if p == "oracle_plus":
             out += [Setting(f"{p} M={m}", p, "M", m, SelectionConfig(policy="oracle", **plus_kw), m)

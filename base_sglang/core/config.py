@@ -45,10 +45,6 @@ class SelectionConfig:
     policy     : one of POLICIES. "base" is the paper's BASE; "base_plus" (DEFAULT_POLICY) keeps BASE's
                  kept set and backfill and combines with partial renormalisation.
     backfill   : fill freed slots with the token's next-preferred kept experts (BASE); False = drop only.
-    backfill_min_share: with backfill, a token refills only as many freed slots as it has dropped
-                 routed slots whose weight is more than this share of its routed weight W, in [0, 1]
-                 (0 = every freed slot, today's rule; 1 = none, as backfill=False). Core only: the
-                 Triton kernels do not read it.
     renorm     : "native" follows the policy's own rule: the model's convention (renormalise iff
                  norm_topk_prob) for every policy but base_plus, whose rule is "partial".
                  "always" rescales the final set to the token's original total weight W, "never" keeps
@@ -75,7 +71,6 @@ class SelectionConfig:
 
     policy: str = "base"  # the paper's BASE; engine, server and plugin default to DEFAULT_POLICY
     backfill: bool = True
-    backfill_min_share: float = 0.0
     renorm: str = "native"
     renorm_alpha: float = 0.5
     net_lambda: float = 1.0
@@ -95,8 +90,6 @@ class SelectionConfig:
             raise ValueError(f"policy: unknown policy {self.policy!r}; choose one of {POLICIES}")
         if self.renorm not in RENORM_MODES:
             raise ValueError(f"renorm: must be one of {RENORM_MODES}, got {self.renorm!r}")
-        if not 0.0 <= self.backfill_min_share <= 1.0:
-            raise ValueError(f"backfill_min_share: must be in [0, 1], got {self.backfill_min_share}")
         if not 0.0 <= self.renorm_alpha <= 1.0:
             raise ValueError(f"renorm_alpha: must be in [0, 1], got {self.renorm_alpha}")
         if not 0.0 <= self.net_lambda <= 1.0:

@@ -22,8 +22,6 @@ backfilled ids; they differ in the combine weights of changed tokens: base follo
 iff norm_topk_prob), base_plus renormalises partially, w' = w_never * (W / sum w_never) ** alpha
 (alpha = 0.5, W = the token's routed weight; see _combine_weights). With max_error, rows carrying a
 bound ask for the smallest budget meeting it (error_budget.py) before the batch budget is taken.
-config.backfill_min_share gates the backfill: a token refills only as many freed slots as it dropped routed
-slots carrying more than that share of its routed weight W (_backfill_limit; core only, 0 = every slot).
 
 The issue-13 variants (config.VARIANTS, variants.py) keep base_plus's backfill and combine rule and change
 the kept set: base_net (backfill-aware net loss) and base_sched (a calibrated per-layer budget);
@@ -151,9 +149,7 @@ def select_experts(
                                    norm_topk_prob)
         else:
             if config.backfill:
-                limit = (None if config.backfill_min_share == 0
-                         else _backfill_limit(ids, w, valid, in_s, config.backfill_min_share))
-                new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K, limit)  # [T, K]
+                new_ids = _backfill(router_logits, ids, raw >= 0, routed_row, in_s, K)  # [T, K]
             else:
                 new_ids = torch.where(in_s[ids] & valid, ids, torch.full_like(ids, -1))  # [T, K]
             new_w = _combine_weights(router_logits, raw, w, routed_row, new_ids,
@@ -284,29 +280,17 @@ def preference_order(logits: torch.Tensor, ids: torch.Tensor, ok: torch.Tensor,
     return pref, fresh
 
 
-def _backfill(logits, ids, ok, routed_row, in_s, K, limit=None):
-    """First K (or limit [T, 1]) experts of each token's preference order that lie in the kept set.
-
-    Returns [T, K], -1 pad. The token's own kept slots come first in that order, so a limit of
-    (kept slots + n) backfills n freed slots (_backfill_limit).
-    """
+def _backfill(logits, ids, ok, routed_row, in_s, K):
+    """First K experts of each token's preference order that lie in the kept set. [T, K], -1 pad."""
     T = ids.shape[0]
     pref, fresh = preference_order(logits, ids, ok, routed_row)  # [T, P]
     cand = in_s[pref] & fresh  # [T, P]
     pos = torch.cumsum(cand.int(), 1) - 1  # [T, P] output slot of each candidate
-    take = cand & (pos < (K if limit is None else limit))  # [T, P]
+    take = cand & (pos < K)  # [T, P]
     col = torch.where(take, pos, torch.full_like(pos, K)).long()  # [T, P]; K = discard column
     out = torch.full((T, K + 1), -1, dtype=ids.dtype, device=ids.device)  # [T, K+1]
     out.scatter_(1, col, torch.where(take, pref, torch.full_like(pref, -1)))
     return out[:, :K]  # [T, K]
-
-
-def _backfill_limit(ids, w, valid, in_s, min_share):
-    """[T, 1] slots a token may fill: its kept routed slots, plus one for each dropped routed slot
-    whose weight is more than min_share of the token's routed weight W (backfill_min_share)."""
-    kept = in_s[ids] & valid  # [T, K]
-    share = w / w.sum(1, keepdim=True).clamp_min(1e-30)  # [T, K] slot weight / W
-    return (kept | (valid & ~kept & (share > min_share))).sum(1, keepdim=True)  # [T, 1]
 
 
 def _combine_weights(logits, ids, w, routed_row, new_ids, mode, alpha=0.5):
