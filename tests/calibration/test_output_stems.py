@@ -17,8 +17,8 @@ def test_stem_path_keeps_dots_and_replaces_known_suffixes(tmp_path):
 
 
 def test_dotted_stems_do_not_overwrite_each_other(tmp_path):
-    row = dict(setting="dense", policy="dense", value="-", experts=8.0, union=8.0, ppl=5.0, dppl_pct=0.0, agree=1.0, kl=0.0,
-               energy=1.0)
+    row = dict(setting="dense", policy="dense", value="-", experts=8.0, union=8.0, ppl=5.0,
+               dppl_pct=0.0, agree=1.0, kl=0.0, energy=1.0)
     write_outputs(tmp_path / "run0", [row], {"tau": 0}, {})
     paths = write_outputs(tmp_path / "run0.05", [dict(row, ppl=6.0)], {"tau": 0.05}, {})
     assert paths[0] == tmp_path / "run0.05.json"
