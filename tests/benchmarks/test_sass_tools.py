@@ -95,13 +95,13 @@ def test_one_launch_moe_compiles_pipelined_with_the_trace_compiled_out(tmp_path)
     # kernels/moe_one.py for sm_90 at Qwen3 T = 16 with the tuned tiles: the interpreter runs the
     # kernel's Python, not its compile, so a construct only the GPU compile rejects shows here (a
     # ninth-session variant failed that way on the device). Both GEMM loops stream through shared
-    # memory (LDGSTS: cp.async), two programs fit an SM (Triton 3.6: 180 registers, 72 KB), no
-    # spill, and the trace stamps are compiled out unless asked for. A register cap of 168 let a
+    # memory (LDGSTS: cp.async), two programs fit an SM (Triton 3.6: 188 registers, 108 KB with the
+    # row's 4 stages), no spill, and the trace stamps are compiled out unless asked for. A register cap of 168 let a
     # third program fit while the row had 3 stages (72 KB); with 4 stages (108 KB, the T = 16 row
     # since the thirteenth session) shared memory allows only 2. With TMA
     # weight tiles (moe_one(tma=1); tma=2: the down tiles only) the weights arrive by bulk tensor copies (UTMALDG), only
     # the gathered activation rows by cp.async (Triton 3.6: 168 instead of 188 registers at T = 16,
-    # so 3 programs fit an SM, with a 32 B spill; Triton 3.9: 179 both).
+    # with a 32 B spill; Triton 3.9: 179 both; the 4 stages' shared memory still allows only 2 per SM).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     rows = []
     for extra in (["--maxnreg", "0", "168"], ["--trace"], ["--tma", "1"], ["--tma", "2"]):
