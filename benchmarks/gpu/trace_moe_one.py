@@ -14,7 +14,7 @@ columns per up unit):
 The trace summary (us from the first program's start): programs' start spread, the align's end, the
 last up unit's end, the first and last down unit's end of wait, the last unit's end (= the kernel's
 span), mean up / down unit durations; the graph time minus the span is what launch and drain cost.
-Prints a table; writes trace_moe_one.json (every cell, provenance, the raw trace of one cell).
+Prints a table; writes trace_moe_one.json (every cell, provenance, the raw traces of the Qwen3 T = 16 cells).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" joined by "/" -> the config."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "p=0|1" joined by
+    "/" -> the config (p = place: walk the units by SM)."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -68,9 +69,11 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, up_cols=nums[0])
         elif key == "t" and nums in ([0], [1], [2]):  # TMA tiles: t=1 all (up unit = BN1), t=2 down
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
+        elif key == "p" and nums in ([0], [1]):  # walk the units by SM
+            cfg = dataclasses.replace(cfg, place=nums[0])
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2 joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2, p=0/1 joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -78,7 +81,7 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma)
+                up_cols=cfg.up_cols or None, tma=cfg.tma, place=bool(cfg.place))
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741
@@ -189,10 +192,11 @@ def main() -> int:
                             tr = trace_once(hidden, ids, w, gus[0], dns[0], kw, units)
                             u1, real = layout(n_read, H, I, vcfg)
                             g = cell["trace"] = summarise(tr, units, u1, real)
-                            if not result.get("raw_trace") and shape.startswith("qwen3") and T == 16:
-                                result["raw_trace"] = dict(shape=shape, T=T, M=M, variant=name,
-                                                           units=units, up_units=u1, ran=real,
-                                                           rows=tr.tolist())
+                            if shape.startswith("qwen3") and T == 16:  # every variant and M
+                                raw = dict(shape=shape, T=T, M=M, variant=name, units=units,
+                                           up_units=u1, ran=real, rows=tr.tolist())
+                                result.setdefault("raw_trace", raw)  # the first, as before
+                                result.setdefault("raw_traces", []).append(raw)
                             line += (f" {g['span_us']:6.1f} {g['align_done_us']:6.1f} "
                                      f"{g['up_last_end_us']:6.1f} {g['down_last_go_us']:6.1f} "
                                      f"{g['up_mean_us']:5.1f} {g['down_compute_mean_us']:5.1f}")
