@@ -11,7 +11,8 @@ moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=au
 hook:   DIR/moe_hook.json of gpu/check_moe_hook.py (the plugin's MoE hook on the GPU);
 sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search;
 trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), one column per folder
-        and variant (graph µs and x byte floor);
+        and variant (graph µs and x byte floor); trace_experts: its raw traces (Qwen3 T = 16), when
+        each expert's last up and last down unit end;
 profile: DIR/e2e_A and DIR/e2e_B profile_b16.json of bench_decode.py (A, B = split, fold or new,
         old): one profiled decode step's GPU time per kernel, GPU busy and idle time;
 table_e2e: DIR/e2e_new and DIR/e2e_old summary.json (this commit's tuned table against the table
@@ -228,6 +229,43 @@ def trace_grid(folders: list[str]) -> str:
     return "\n".join(out)
 
 
+def expert_phases(raw: dict) -> dict:
+    """One raw trace (trace_moe_one.json raw_traces): per expert j, when its last up unit and its
+    last down unit end (us from the first program's start), and how many SMs ran two up units."""
+    rows, u1, ran = raw["rows"], raw["up_units"], raw["ran"]
+    n = raw["M"] if raw.get("M") else 1
+    prog = [r for r in rows[raw["units"]:] if r[0] > 0]
+    t0 = min(r[0] for r in prog)
+    n_act = n if u1 % n == 0 and (ran - u1) % n == 0 else None
+    if n_act is None:
+        return {}
+    nt1, nt2 = u1 // n_act, (ran - u1) // n_act
+    up = [max(rows[j * nt1 + k][2] for k in range(nt1)) for j in range(n_act)]
+    dn = [max(rows[u1 + j * nt2 + k][2] for k in range(nt2)) for j in range(n_act)]
+    sms: dict[int, int] = {}
+    for r in rows[:u1]:
+        sms[r[3]] = sms.get(r[3], 0) + 1
+    return dict(up_end=[round((v - t0) / 1e3, 1) for v in up], down_end=[round((v - t0) / 1e3, 1) for v in dn],
+                span=round((max(r[2] for r in prog) - t0) / 1e3, 1),
+                sms_with_2_up=sum(1 for v in sms.values() if v >= 2))
+
+
+def trace_experts(folder: str) -> str:
+    """The raw traces of trace_moe_one.json (Qwen3 T = 16 cells): each expert's up and down ends."""
+    with open(os.path.join(folder, "trace_moe_one.json")) as f:
+        d = json.load(f)
+    out = ["| T | M | variant | SMs with 2 up units | last up unit of expert j ends (j = 0, 1, ...) | "
+           "last down unit of expert j ends | span |", "|---:|---:|---|---:|---|---|---:|"]
+    for raw in d.get("raw_traces") or ([d["raw_trace"]] if d.get("raw_trace") else []):
+        g = expert_phases(raw)
+        if not g:
+            continue
+        out.append(f"| {raw['T']} | {raw['M']} | {raw.get('variant', 'shipped')} | {g['sms_with_2_up']} | "
+                   + " ".join(f"{v:.1f}" for v in g["up_end"]) + " | "
+                   + " ".join(f"{v:.1f}" for v in g["down_end"]) + f" | {g['span']:.1f} |")
+    return "\n".join(out)
+
+
 def profile_table(folder: str, a: str, b: str, min_ms: float = 0.05) -> str:
     """One profiled graph step (bench_decode.py profile_b16.json) of two runs: per kernel ms per
     step and µs per launch (kernels with >= min_ms in either), GPU busy, step - busy (idle)."""
@@ -325,7 +363,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
-                                     "trace", "trace_grid", "profile", "table_e2e",
+                                     "trace", "trace_grid", "trace_experts", "profile", "table_e2e",
                                      "aa_e2e", "runs_e2e"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
@@ -352,6 +390,9 @@ def main() -> int:
         return 0
     if kind == "trace":  # gpu/trace_moe_one.py
         print(trace_table(args.folder))
+        return 0
+    if kind == "trace_experts":  # its raw traces: when each expert's up and down units end
+        print(trace_experts(args.folder))
         return 0
     if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old
         pair = next((p for p in (("split", "fold"), ("run1", "run2"))

@@ -206,3 +206,18 @@ def test_runs_e2e_orders_the_repeats_and_averages_old_over_new(tmp_path):
     assert "| 8 | 16 | 5.00 | 5.50 | 5.20 | 5.70 | 5.90 | 1.118 |" in out.stdout  # (5.5+5.7+5.9)/3 / 5.1
     assert "| 16 | 16 | 6.00 | 6.20 | not run | 6.40 | not run | 1.050 |" in out.stdout  # 6.3 / 6.0
     assert "broken" not in out.stdout and "9.99" not in out.stdout
+
+
+def test_trace_experts_table(tmp_path):
+    # 2 experts x (2 up + 2 down units), 4 programs (rows 8..11); ns stamps [start, mid, end, SM]:
+    # expert 0's up units both ran on SM 5 and end last, so its down units end last
+    units = [[1_000, 0, 9_000, 5], [1_000, 0, 9_500, 5], [1_000, 0, 7_000, 1], [1_000, 0, 7_200, 2],
+             [1_000, 9_500, 14_000, 3], [1_000, 9_600, 14_500, 4], [1_000, 7_200, 12_000, 6],
+             [1_000, 7_300, 12_100, 7]]
+    progs = [[500, 900, 14_500, 5], [600, 900, 12_100, 1], [700, 900, 9_500, 2], [0, 0, 0, 0]]
+    raw = dict(shape="qwen3-30b-a3b", T=16, M=2, variant="p=1", units=8, up_units=4, ran=8,
+               rows=units + progs)
+    (tmp_path / "trace_moe_one.json").write_text(json.dumps({"cells": [], "raw_traces": [raw]}))
+    out = _run("trace_experts", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[2:] == ["| 16 | 2 | p=1 | 1 | 9.0 6.7 | 14.0 11.6 | 14.0 |"]
