@@ -30,9 +30,7 @@
 Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.json to --out.
     --only base_plus   sections 5 and 6 alone (~1 min on the H200, no model weights)
     --only fused       sections 1, 2, 5 and 7 (the selection kernel); --only barrier: 7 alone
-    --only moe         sections 8, 9 and 10, and the placement check (--only place: it alone):
-                       moe_one(place=True) bit-equal to the plain walk, also under placements
-                       the hardware does not make (place_map), 20 launches in a row
+    --only moe         sections 8, 9 and 10
     --only route       sections 11 and 10
     --only compact     the narrow backfill against the same tiles with it off, bitwise
     --only sched       section 10 alone
@@ -351,8 +349,7 @@ def check_fused_moe() -> None:
 MOE_PATHS = {"grouped": dict(pair_major=False, one_launch=False),
              "pair": dict(pair_major=True, one_launch=False),
              "one": dict(pair_major=False, one_launch=True),
-             "one2": dict(pair_major=False, one_launch=True, ctas_per_sm=2),
-             "one2_place": dict(pair_major=False, one_launch=True, ctas_per_sm=2, place=1)}
+             "one2": dict(pair_major=False, one_launch=True, ctas_per_sm=2)}
 
 
 MOE_ONLY: set[str] = set()  # --moe-paths: check only these structures (default: every one)
@@ -394,55 +391,6 @@ def check_moe_paths() -> None:
                 rel = ((outs[other].float() - outs["grouped"].float()).norm()
                        / outs["grouped"].float().norm()).item()
                 record(f"moe/{shape}/T={T}/{other}_vs_grouped", rel < 1e-2, rel=rel)
-            if "one2" in outs and "one2_place" in outs:  # the same units, walked by other programs
-                record(f"moe/{shape}/T={T}/one2_place_vs_one2", torch.equal(outs["one2_place"], outs["one2"]))
-
-
-def check_moe_place() -> None:
-    """moe_one(place=True) bit-equal to the plain walk at the tuned Qwen3 / OLMoE rows, T = 4 / 16,
-    M = 8 / 16 (one unit per program, and two), also under placements the hardware does not make
-    (place_map: three programs on SM 0 and one on SM 1, every program on SM 0, SM ids reversed):
-    every place is walked exactly once whatever the per-SM counts are; 20 launches in a row, so
-    the placement buffer's tags and per-SM counters run across launches."""
-    from base_sglang.kernels.moe_one import moe_one
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for shape in ("qwen3-30b-a3b", "olmoe-1b-7b"):
-        if shape not in SHAPES:
-            continue
-        s = SHAPES[shape]
-        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
-        gate_up, down = make_experts(E, H, I, seed=6)
-        pred = make_predictor(E, H)
-        for T in (4, 16):
-            cfg = default_config(T, E, K, 16, hidden=H, inter=I)
-            if not cfg.one_launch:
-                continue
-            kw = dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
-                      down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
-                      num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
-                      up_cols=cfg.up_cols or None, tma=cfg.tma, programs=2 * sms)
-            r = make_routing(T, E, K, s["norm_topk_prob"], seed=T + 40)
-            hidden = torch.randn(T, H, device=DEVICE).bfloat16()
-            for M in (8, 16):
-                sel = base_select_experts(r.logits, r.ids, r.weights, hidden,
-                                          torch.full((T,), M, device=DEVICE), 0,
-                                          SelectionConfig(policy="base"), pred)
-                plain = moe_one(hidden, sel.ids, sel.weights, gate_up, down, **kw)
-                ref = moe_forward_ref(hidden.float(), sel.ids.long(), sel.weights, gate_up.float(),
-                                      down.float())
-                rel = ((plain.float() - ref).norm() / ref.norm()).item()
-                n = 2 * sms
-                maps = {"hw": None, "crowded": [0, 0, 0] + [p % sms for p in range(3, n - 1)] + [1],
-                        "one_sm": [0] * n, "reversed": [sms - 1 - p % sms for p in range(n)]}
-                for name, m in maps.items():
-                    pm = None if m is None else torch.tensor(m, dtype=torch.int32, device=DEVICE)
-                    outs = [moe_one(hidden, sel.ids, sel.weights, gate_up, down, place=True,
-                                    place_map=pm, **kw) for _ in range(20)]
-                    same = all(torch.equal(y, plain) for y in outs)
-                    record(f"moe_place/{shape}/T={T}/M={M}/{name}", same and rel < 1e-2,
-                           bitwise_vs_plain=same, rel_err_vs_fp32=rel)
-
 
 
 def check_moe_graph() -> None:
@@ -452,8 +400,7 @@ def check_moe_graph() -> None:
     E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
     pred = make_predictor(E, H)
     gate_up, down = make_experts(E, H, I, seed=1)
-    for T, path in ((1, "pair"), (16, "grouped"), (1, "one"), (16, "one"), (32, "one2"),
-                    (16, "one2_place")):
+    for T, path in ((1, "pair"), (16, "grouped"), (1, "one"), (16, "one"), (32, "one2")):
         if MOE_ONLY and path not in MOE_ONLY:
             continue
         r = make_routing(T, E, K, True, seed=3)
@@ -742,7 +689,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
     ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
-                                       "compact", "split", "sched", "place"],
+                                       "compact", "split", "sched"],
                     help="run one group of sections only")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--moe-paths", default="", help=f"sections 8-9 only for these of {sorted(MOE_PATHS)}"
@@ -776,9 +723,7 @@ def main() -> int:
         checks = [check_selection, check_graph, check_base_plus, check_graph_base_plus,
                   check_fused_barrier]
     elif args.only == "moe":
-        checks = [check_moe_place, check_moe_paths, check_moe_graph, check_sched]
-    elif args.only == "place":
-        checks = [check_moe_place]
+        checks = [check_moe_paths, check_moe_graph, check_sched]
     elif args.only == "route":
         checks = [check_route, check_route_graph, check_route_tiles, check_sched]
     elif args.only == "compact":
@@ -792,7 +737,7 @@ def main() -> int:
     if DEVICE != "cuda":  # CPU dry run: no graphs
         checks = [c for c in checks if c not in (check_graph, check_graph_base_plus,
                                                   check_fused_barrier, check_moe_graph,
-                                                  check_route_graph, check_moe_place)]
+                                                  check_route_graph)]
     for fn in checks:
         try:
             fn()

@@ -42,7 +42,6 @@ class MoeConfig:
     maxnreg: int = 0  # one_launch: registers per thread the compile may use (0 = ptxas's choice)
     up_cols: int = 0  # one_launch: columns of I per up unit (0 = up.block_n)
     tma: int = 0  # one_launch: weight tiles by bulk tensor copies (TMA): 1 all, 2 down only
-    place: int = 0  # one_launch: 1 = walk the units by SM (moe_one place=True)
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
@@ -51,8 +50,8 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
-                        tma=int(d.get("tma", 0)), place=int(d.get("place", 0)))
-        check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma, cfg.place)  # at load, not at first call
+                        tma=int(d.get("tma", 0)))
+        check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma)  # at load, not at first call
         return cfg
 
 
@@ -132,7 +131,7 @@ def fused_moe(
                        up=(cfg.up.block_n, cfg.up.block_k),
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                        num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
-                       up_cols=cfg.up_cols or None, tma=cfg.tma, place=bool(cfg.place),
+                       up_cols=cfg.up_cols or None, tma=cfg.tma,
                        programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]

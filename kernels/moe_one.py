@@ -27,16 +27,6 @@ TMA (tma=1: every weight tile, tma=2: the down tiles only) reads the [BN, BK] we
 host-made tensor descriptors (bulk tensor copies, zero-filled past the matrix) instead of pointer
 loads: the same tiles, so the same output bit for bit, with fewer registers for addresses; an up
 unit is then the whole BN1 tile (up_cols = BN1), which is why tma=2 exists.
-PLACE (place=True) walks the list by SM instead of by program id. The hardware puts programs 0-15
-of a 264-program grid two to an SM on 8 SMs of the H200 (every trace since the ninth session), so
-with at most one unit per program one expert's up units share SMs and end last, and the launch
-waits for them. With PLACE a program takes the place slot * NSM + %smid, slot = its arrival order
-on its SM (a counter per SM, modulo the programs per SM): the first NSM units then fall one per SM.
-Each program claims its place with an exchange of this launch's tag (the placement buffer's own
-generation); a program that finds its place taken (a placement other than exactly n_prog / NSM
-per SM, %nsmid != NSM) takes the next free one, so every place is walked exactly once whatever the
-hardware did. place_map stands in for %smid (tests: under the interpreter, where there is none,
-and on the GPU, to try placements the hardware does not make).
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -95,60 +85,6 @@ def _stamp(trace_ptr, row, col, pid, TRACE: tl.constexpr):
 
 
 @triton.jit
-def _sm_id(pid, NSMID: tl.constexpr):
-    """%smid (NSMID: %nsmid, the bound on SM ids; they are 0 .. count - 1 when it equals the count)."""
-    if NSMID:
-        return tl.inline_asm_elementwise("mov.u32 $0, %nsmid;", "=r,r", [pid], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _place_start(place_ptr, smap_ptr, pid, n_prog, nsm, fits, BAR_BITS: tl.constexpr,
-                 PLACE_MAP: tl.constexpr):
-    """Placement, step 1 (then _place_ask, _place_settle): this launch's tag and this program's SM
-    and arrival count on it.
-    place_ptr: [gen, arrivals per SM [nsm], claim per place [n_prog]]; gen moves by exactly
-    2^BAR_BITS per launch (program 0 pads), so its high bits + 2^BAR_BITS are the launch's tag
-    (every launch claims every place, so a place holds the previous launch's tag); the per-SM
-    counters need no reset (fits consecutive arrivals cover every residue modulo fits)."""
-    one: tl.constexpr = 1 << BAR_BITS
-    if PLACE_MAP:  # the interpreter's stand-in for %smid (tests)
-        sm = tl.load(smap_ptr + pid)
-        bound = nsm
-    else:
-        sm = _sm_id(pid, False)
-        bound = _sm_id(pid, True)
-    tag = (tl.atomic_add(place_ptr, tl.where(pid == 0, one - (n_prog - 1), 1), sem="relaxed",
-                         scope="gpu") & -one) + one  # never 0, what a new buffer holds
-    on = (bound == nsm) & (sm >= 0) & (sm < nsm) & (fits * nsm == n_prog)
-    arrived = tl.atomic_add(place_ptr + 1 + tl.where(on, sm, 0), 1, sem="relaxed", scope="gpu")
-    return tag, on, sm, arrived
-
-
-@triton.jit
-def _place_ask(place_ptr, pid, nsm, fits, tag, on, sm, arrived):
-    """The place this program's SM slot gives (slot * nsm + sm, slot = its arrival order on its SM
-    modulo fits), and the tag found there when claiming it with this launch's tag."""
-    slot = (arrived % fits + fits) % fits
-    vp = tl.where(on, slot * nsm + sm, pid)
-    return vp, tl.atomic_xchg(place_ptr + 1 + nsm + vp, tag, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _place_settle(place_ptr, n_prog, nsm, tag, vp, prev):
-    """The place this program keeps: the one asked for, or if another program of this launch
-    holds it, the next free one (n_prog places for n_prog programs, so one is always free)."""
-    tries = 0
-    while (prev == tag) & (tries < 4 * n_prog):
-        vp = (vp + 1) % n_prog
-        prev = tl.atomic_xchg(place_ptr + 1 + nsm + vp, tag, sem="relaxed", scope="gpu")
-        tries += 1
-    return vp
-
-
-@triton.jit
 def _expert_pairs(ids_all, valid, e):
     """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
     mine = valid & (ids_all == e)  # [BP]
@@ -168,12 +104,12 @@ def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
 @triton.jit
 def _moe_one_kernel(
     x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
-    place_ptr, smap_ptr, T, stride_x, stride_y, n_prog, n_units, nsm, fits,
+    T, stride_x, stride_y, n_prog, n_units,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, PLACE: tl.constexpr, PLACE_MAP: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -188,15 +124,9 @@ def _moe_one_kernel(
     # ---- this launch's base: the program's own arrival on gen ---------------------------------
     old = tl.atomic_add(sync_ptr, tl.where(pid == 0, one - (n_prog - 1), 1), sem="relaxed", scope="gpu")
     base = old & high
-    if PLACE:  # its atomics go out before the ids load, their answers are used after it
-        tag, on, sm, arrived = _place_start(place_ptr, smap_ptr, pid, n_prog, nsm, fits, BAR_BITS,
-                                            PLACE_MAP)
     # ---- align, redundantly in every program ------------------------------------------------------
     ps = tl.arange(0, BLOCK_P)  # [BP]
     ids_all = tl.load(ids_ptr + ps, mask=ps < P, other=-1).to(tl.int32)  # [BP]
-    vp = pid  # this program's place in the walk
-    if PLACE:
-        vp, prev = _place_ask(place_ptr, pid, nsm, fits, tag, on, sm, arrived)
     valid = (ids_all >= 0) & (ids_all < E) & (ps < P)
     es = tl.arange(0, BLOCK_E)  # [BE]
     active = (tl.histogram(tl.where(valid, ids_all, 0), BLOCK_E, mask=valid) > 0) & (es < E)
@@ -218,10 +148,8 @@ def _moe_one_kernel(
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
     u1 = n_act * NT1
     total = u1 + n_act * NT2
-    if PLACE:
-        vp = _place_settle(place_ptr, n_prog, nsm, tag, vp, prev)
     _stamp(trace_ptr, n_units + pid, 1, pid, TRACE)
-    for u in range(vp, total, n_prog):
+    for u in range(pid, total, n_prog):
         _stamp(trace_ptr, u, 0, pid, TRACE)
         if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
             j = u // NT1
@@ -320,18 +248,16 @@ def _moe_one_kernel(
     _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
-def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0,
-                  place: int = 0) -> int:
+def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0) -> int:
     """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
-    24..255), tma (0, 1 with up_cols = BN1, or 2) and place (0 / 1) -> the columns per up unit
-    (UPC). Also what MoeConfig checks when a table loads."""
+    24..255) and tma (0, 1 with up_cols = BN1, or 2) -> the columns per up unit (UPC). Also what
+    MoeConfig checks when a table loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
     check(tma in (0, 1, 2) and (tma != 1 or upc == bn1),
           f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), got tma {tma}, "
           f"up_cols {up_cols}")
-    check(place in (0, 1, False, True), f"place: 0 or 1, got {place}")
     return upc
 
 
@@ -376,8 +302,6 @@ def moe_one(
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
-    place: bool = False,  # walk the units by SM (GPU: %smid; see the module docstring)
-    place_map: torch.Tensor | None = None,  # int32 [grid]: each program's SM instead of %smid (tests)
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -390,7 +314,7 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    upc = check_options(bn1, up_cols, maxnreg, tma, place)
+    upc = check_options(bn1, up_cols, maxnreg, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
@@ -407,9 +331,6 @@ def moe_one(
     interp = is_interpreter() or dev.type != "cuda"
     units = moe_one_units(T, E, K, H, I, up, down_tiles, upc)
     check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
-    check(place_map is None or (place and place_map.dtype == torch.int32 and place_map.dim() == 1
-                                and place_map.device == dev),
-          f"place_map: int32 [grid] on {dev}, with place=True")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
                                    **({"launch_cooperative_grid": True} if cooperative else {}),
@@ -417,9 +338,7 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma,
-                  PLACE=bool(place) and (not interp or place_map is not None),
-                  PLACE_MAP=place_map is not None, num_warps=num_warps,
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
     gu_arg, dn_arg = gate_up, down
@@ -427,40 +346,23 @@ def moe_one(
         gu_arg = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I, H), [bn1, bk1])
     if tma:
         dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
-    head = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg)
-    tail = (T, hidden.stride(0), out.stride(0))
+    args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
+            T, hidden.stride(0), out.stride(0))
     if interp:  # one program per unit, in unit order (see the module docstring)
-        check(place_map is None or place_map.numel() == units,
-              f"place_map: int32 [{units}] (the interpreter's grid: one program per unit)")
-        nsm = int(place_map.max()) + 1 if place_map is not None else 1
-        fits = max(1, units // nsm)
-        pbuf = sync  # unread without a map
-        if place_map is not None:  # programs run one after another: an SM's first arrival must
-            pbuf = torch.zeros(1 + nsm + units, dtype=torch.int32, device=dev)  # be its slot 0
-        _moe_one_kernel[(units,)](*head, pbuf, place_map if place_map is not None else sync,
-                                  *tail, units, units, nsm, fits, **consts)
+        _moe_one_kernel[(units,)](*args, units, units, **consts)
         return out
     sms = num_sms(dev)
     key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
     n_prog = min(programs or sms, units)
-    pbuf = sync  # the placement counters, when placing: [gen, arrivals per SM, claim per place]
     if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
-        compiled = _moe_one_kernel.warmup(*head, pbuf, sync, *tail, n_prog, units, sms, 1,
-                                          grid=(1,), **consts)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
-    fits = max(1, n_prog // sms)  # the kernel places by SM only where n_prog == fits * sms
-    check(place_map is None or place_map.numel() == n_prog,
-          f"place_map: int32 [{n_prog}] (the grid), got {place_map.numel() if place_map is not None else 0}")
-    smap = sync
-    if consts["PLACE"]:
-        pbuf = barrier_buffer(dev, 1 + sms + n_prog, kind="place")
-        smap = sync if place_map is None else place_map
     if trace is not None:
         check(trace.dtype == torch.int64 and trace.is_contiguous() and trace.dim() == 2
               and trace.shape[1] == 4 and trace.shape[0] >= units + n_prog,
               f"trace: int64 [>= {units + n_prog}, 4] contiguous, got {trace.dtype} {tuple(trace.shape)}")
-    _moe_one_kernel[(n_prog,)](*head, pbuf, smap, *tail, n_prog, units, sms, fits, **consts)
+    _moe_one_kernel[(n_prog,)](*args, n_prog, units, **consts)
     return out
 
 

@@ -39,10 +39,9 @@ BAR_BITS = 20  # one launch moves every barrier entry by 2^20: at most 2^20 - 1 
 _BARRIERS: dict[tuple, torch.Tensor] = {}
 
 
-def barrier_buffer(device: torch.device, n: int = 1, kind: str = "barrier") -> torch.Tensor:
+def barrier_buffer(device: torch.device, n: int = 1) -> torch.Tensor:
     """The [n] int32 counters of a grid barrier (base_fused: one; moe_one: one per launch shape's
-    flags; kind "place": moe_one's placement counters, a layout of their own), one buffer per
-    (device, current stream, n, kind), zeroed once.
+    flags), one buffer per (device, current stream, n), zeroed once.
 
     Kernels move every entry by exactly 2^BAR_BITS per launch and read their launch from their own
     arrival, so it is never reset: no memset per call, in eager calls or graph replays. Launches on
@@ -51,7 +50,7 @@ def barrier_buffer(device: torch.device, n: int = 1, kind: str = "barrier") -> t
     warm up on the capture stream, as SGLang does.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, n, kind)
+    key = (str(device), stream, n)
     buf = _BARRIERS.get(key)
     if buf is None:
         buf = torch.zeros(n, dtype=torch.int32, device=device)  # multiples of 2^BAR_BITS

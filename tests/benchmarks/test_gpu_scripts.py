@@ -487,12 +487,9 @@ def test_trace_moe_one_variants_layout_and_summary():
     u48 = trace_moe.parse_variant("u=48", cfg)
     assert trace_moe.one_kwargs(u48, 264)["up_cols"] == 48 and kw["up_cols"] is None
     assert trace_moe.layout(8, 2048, 768, u48) == (128, 256)  # 16 up units per expert
-    for bad in ("u=12", "u=0", "w=100", "p=2", "p="):
+    for bad in ("u=12", "u=0", "w=100"):
         with pytest.raises(SystemExit):
             trace_moe.parse_variant(bad, cfg)
-    placed = trace_moe.parse_variant("p=1/c=2", cfg)  # walk the units by SM
-    assert placed.place == 1 and placed.ctas_per_sm == 2 and cfg.place == 0
-    assert trace_moe.one_kwargs(placed, 264)["place"] is True and kw["place"] is False
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns

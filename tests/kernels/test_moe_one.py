@@ -6,15 +6,12 @@ runs (histogram align, up units, flags, down units, last-arrival combine) withou
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 from kernel_helpers import DEVICE, experts, routing
 
 from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_one
 from base_sglang.kernels.fused_moe import MoeConfig
 from base_sglang.kernels.moe_gemm import GemmConfig
-from base_sglang.kernels.moe_one import _place_ask, _place_settle, _place_start
 from base_sglang.kernels.utils import _BARRIERS, BAR_BITS
 
 REL_TOL = 1e-2  # bf16 weights, fp32 accumulation, the activation rounded to bf16 once
@@ -247,93 +244,3 @@ def test_programs_fit_counts_registers_shared_memory_and_threads():
     assert programs_fit(168, 73728, 4) == 3  # shared memory binds
     assert programs_fit(32, 0, 4) == 16  # threads bind
     assert programs_fit(255, 200_000, 8) == 1
-
-
-# Placement by SM (place=True; %smid on the GPU, place_map here). E = 4 experts all active,
-# NT1 = NT2 = 2 (I = H = 32, 16-wide tiles): 16 units, 8 up then 8 down, one program each.
-PLACE_CASE = dict(T=8, E=4, K=2, H=32, I=32)
-
-
-def _place_case():
-    x, ids, w, gu, dn = case(**PLACE_CASE, seed=21)
-    assert torch.unique(ids).numel() == 4  # every expert active: the grid is exactly the units
-    return x, ids, w, gu, dn
-
-
-def _smap(sms):
-    return torch.tensor(sms, dtype=torch.int32, device=DEVICE)
-
-
-@pytest.mark.parametrize("sms", [
-    # two programs per SM, both halves reversed: place = slot * 8 + SM walks every unit once, in
-    # another order than the program ids (the first half still holds the up units, as the
-    # interpreter's one-after-another programs need)
-    [7 - p for p in range(8)] + [15 - p for p in range(8, 16)],
-    # three programs on SM 0 and one on SM 1's second place: program 9 finds place 0 taken and
-    # takes the next free one, and program 15 finds its place 9 taken in turn
-    list(range(8)) + [0, 0, 2, 3, 4, 5, 6, 1],
-    # 5 SMs do not divide 16 programs: no placement, every program keeps its id
-    [p % 5 for p in range(16)],
-])
-def test_place_by_sm_same_output(sms):
-    x, ids, w, gu, dn = _place_case()
-    y = moe_one(x, ids, w, gu, dn, **TILES)
-    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
-    # each output element is computed by one program in a fixed order, whichever program it is
-    assert torch.equal(moe_one(x, ids, w, gu, dn, place=True, place_map=_smap(sms), **TILES), y)
-
-
-def test_place_without_a_map_on_the_interpreter_is_the_plain_walk():
-    x, ids, w, gu, dn = _place_case()
-    assert torch.equal(moe_one(x, ids, w, gu, dn, place=True, **TILES), moe_one(x, ids, w, gu, dn, **TILES))
-
-
-@pytest.mark.parametrize("bad", [
-    dict(place_map=torch.zeros(16, dtype=torch.int32, device=DEVICE)),  # without place=True
-    dict(place=True, place_map=torch.zeros(15, dtype=torch.int32, device=DEVICE)),  # not [units]
-    dict(place=True, place_map=torch.zeros(16, dtype=torch.int64, device=DEVICE)),  # not int32
-])
-def test_place_map_refused(bad):
-    x, ids, w, gu, dn = _place_case()
-    with pytest.raises(ValueError, match="place_map"):
-        moe_one(x, ids, w, gu, dn, **bad, **TILES)
-
-
-@triton.jit
-def _places_kernel(place_ptr, smap_ptr, out_ptr, n_prog, nsm, fits, BAR_BITS: tl.constexpr):
-    pid = tl.program_id(0)
-    tag, on, sm, arrived = _place_start(place_ptr, smap_ptr, pid, n_prog, nsm, fits, BAR_BITS, True)
-    vp, prev = _place_ask(place_ptr, pid, nsm, fits, tag, on, sm, arrived)
-    tl.store(out_ptr + pid, _place_settle(place_ptr, n_prog, nsm, tag, vp, prev))
-
-
-@pytest.mark.parametrize("sms,fits", [([p % 6 for p in range(12)], 2),  # 2 per SM
-                                      ([0, 0, 0, 1, 2, 3, 3, 3, 4, 5, 5, 1], 2),  # 3, 2, 1, ... per SM
-                                      ([p % 4 for p in range(12)], 3)])  # 3 per SM
-def test_places_are_a_permutation_launch_after_launch(sms, fits):
-    # one placement buffer over many launches (as on the GPU: never reset): each launch's places
-    # are 0 .. n-1 exactly once; with exactly `fits` programs per SM each is slot * nsm + SM
-    n, nsm = len(sms), max(sms) + 1
-    buf = torch.zeros(1 + nsm + n, dtype=torch.int32, device=DEVICE)
-    smap = _smap(sms)
-    even = all(sms.count(s) == fits for s in range(nsm))
-    for launch in range(5):
-        out = torch.full((n,), -1, dtype=torch.int32, device=DEVICE)
-        _places_kernel[(n,)](buf, smap, out, n, nsm, fits, BAR_BITS=BAR_BITS)
-        assert sorted(out.tolist()) == list(range(n)), (launch, out.tolist())
-        if even:  # the slots of an SM's programs are their arrival order, modulo fits
-            assert all(v % nsm == s for v, s in zip(out.tolist(), sms))
-        assert int(buf[0]) == (launch + 1) << BAR_BITS  # one launch moves the tag by 2^BAR_BITS
-
-
-def test_place_through_fused_moe_config():
-    # a tuned row's place field reaches moe_one; 2 / "yes" are refused when the table loads
-    x, ids, w, gu, dn = _place_case()
-    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
-                    place=1)
-    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), moe_one(x, ids, w, gu, dn, **TILES))
-    row = {**vars(cfg), "up": vars(cfg.up), "down": vars(cfg.down)}
-    assert MoeConfig.from_dict(row).place == 1 and MoeConfig.from_dict({**row, "place": 0}).place == 0
-    for bad in (2, -1):
-        with pytest.raises(ValueError, match="place"):
-            MoeConfig.from_dict({**row, "place": bad})
