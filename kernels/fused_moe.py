@@ -28,7 +28,7 @@ from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.moe_one import check_options, moe_one
-from base_sglang.kernels.utils import check_moe_inputs, num_sms
+from base_sglang.kernels.utils import check, check_moe_inputs, num_sms
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class MoeConfig:
     maxnreg: int = 0  # one_launch: registers per thread the compile may use (0 = ptxas's choice)
     up_cols: int = 0  # one_launch: columns of I per up unit (0 = up.block_n)
     tma: int = 0  # one_launch: weight tiles by bulk tensor copies (TMA): 1 all, 2 down only
+    idle_low: int = 0  # one_launch: 1 = with fewer units than programs, the lowest ids idle
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
@@ -50,7 +51,8 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
-                        tma=int(d.get("tma", 0)))
+                        tma=int(d.get("tma", 0)), idle_low=int(d.get("idle_low", 0)))
+        check(cfg.idle_low in (0, 1), f"idle_low: 0 or 1, got {cfg.idle_low}")
         check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma)  # at load, not at first call
         return cfg
 
@@ -131,7 +133,7 @@ def fused_moe(
                        up=(cfg.up.block_n, cfg.up.block_k),
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                        num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
-                       up_cols=cfg.up_cols or None, tma=cfg.tma,
+                       up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
                        programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]

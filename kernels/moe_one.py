@@ -27,6 +27,10 @@ TMA (tma=1: every weight tile, tma=2: the down tiles only) reads the [BN, BK] we
 host-made tensor descriptors (bulk tensor copies, zero-filled past the matrix) instead of pointer
 loads: the same tiles, so the same output bit for bit, with fewer registers for addresses; an up
 unit is then the whole BN1 tile (up_cols = BN1), which is why tma=2 exists.
+IDLE_LOW (idle_low=True): when the units are fewer than the programs, the lowest program ids are
+the idle ones, not the highest. The H200 puts programs 0-15 of a 264-program grid two to an SM on
+SMs 124-131 (every stored trace), so at M = 8 (256 units) expert 0's up units shared SMs and ended
+last; idle, programs 0-7 leave programs 8-15 alone on those SMs.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -109,7 +113,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, IDLE_LOW: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -148,8 +152,12 @@ def _moe_one_kernel(
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
     u1 = n_act * NT1
     total = u1 + n_act * NT2
+    first = pid
+    if IDLE_LOW:  # at most one unit per program: the lowest program ids go idle (module docstring)
+        first = pid - tl.maximum(n_prog - total, 0)
+        first = tl.where(first < 0, total, first)
     _stamp(trace_ptr, n_units + pid, 1, pid, TRACE)
-    for u in range(pid, total, n_prog):
+    for u in range(first, total, n_prog):
         _stamp(trace_ptr, u, 0, pid, TRACE)
         if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
             j = u // NT1
@@ -302,6 +310,7 @@ def moe_one(
     maxnreg: int | None = None,  # cap on registers per thread (GPU compile; more programs fit an SM)
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
+    idle_low: bool = False,  # fewer units than programs: the lowest program ids idle
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -338,7 +347,8 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, num_warps=num_warps,
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, IDLE_LOW=bool(idle_low),
+                  num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
     gu_arg, dn_arg = gate_up, down

@@ -487,9 +487,12 @@ def test_trace_moe_one_variants_layout_and_summary():
     u48 = trace_moe.parse_variant("u=48", cfg)
     assert trace_moe.one_kwargs(u48, 264)["up_cols"] == 48 and kw["up_cols"] is None
     assert trace_moe.layout(8, 2048, 768, u48) == (128, 256)  # 16 up units per expert
-    for bad in ("u=12", "u=0", "w=100"):
+    for bad in ("u=12", "u=0", "w=100", "i=2", "p=1"):
         with pytest.raises(SystemExit):
             trace_moe.parse_variant(bad, cfg)
+    idle = trace_moe.parse_variant("i=1", cfg)  # fewer units than programs: the lowest ids idle
+    assert idle.idle_low == 1 and cfg.idle_low == 0
+    assert trace_moe.one_kwargs(idle, 264)["idle_low"] is True and kw["idle_low"] is False
     # Qwen3 (H 2048, I 768): 12 up and 16 down tiles per expert
     assert trace_moe.layout(8, 2048, 768, cfg) == (96, 224)
     # 2 up + 1 down unit ran on 2 programs of a 4-row unit block; stamps in ns

@@ -244,3 +244,21 @@ def test_programs_fit_counts_registers_shared_memory_and_threads():
     assert programs_fit(168, 73728, 4) == 3  # shared memory binds
     assert programs_fit(32, 0, 4) == 16  # threads bind
     assert programs_fit(255, 200_000, 8) == 1
+
+
+@pytest.mark.parametrize("T,E,K", [(3, 13, 2), (5, 13, 2)])
+def test_idle_low_same_output(T, E, K):
+    # fewer active experts than the grid's bound (E > T*K or experts no slot picks): with
+    # idle_low the lowest program ids idle and the others take units 0, 1, ...: the same units,
+    # the same order under the interpreter, the same output bit for bit
+    x, ids, w, gu, dn = case(T, E, K, 48, 40, seed=T + 30, one_expert=True)  # expert 0 shared
+    assert torch.unique(ids).numel() < min(E, T * K)  # so some programs idle
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    assert torch.equal(moe_one(x, ids, w, gu, dn, idle_low=True, **TILES), y)
+    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
+                    idle_low=1)
+    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
+    row = {**vars(cfg), "up": vars(cfg.up), "down": vars(cfg.down)}
+    assert MoeConfig.from_dict(row).idle_low == 1
+    with pytest.raises(ValueError, match="idle_low"):
+        MoeConfig.from_dict({**row, "idle_low": 2})
