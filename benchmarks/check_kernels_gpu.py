@@ -17,7 +17,8 @@
    (T in 1..200, E = 64 / 128) == the core and bitwise equal to the first call of each case; two
    streams launching concurrently; the plain (non-cooperative) launch == the cooperative one.
 8. fused_moe grouped, pair-major and the shipped default (tuned rows) == the fp32 reference at the three shapes, T in {1, 2, 16, 64},
-   with a dropped slot and an all-dropped token (output exactly 0); run-to-run bit-equal.
+   with a dropped slot and an all-dropped token (output exactly 0); run-to-run bit-equal; the tuned
+   "budget" rows at M = 8, 16 experts (T = 4, 8, 16) == the reference and bit-equal with idle_low flipped.
 9. Selection + fused_moe (T=1 pair-major, T=16 grouped) in one CUDA graph, replays with new budgets
    == eager; 40 launches on two concurrent streams == one eager.
 10. base_sched (per-layer tables of two batch-size ranges, non-monotone) in both selection kernels
@@ -393,6 +394,39 @@ def check_moe_paths() -> None:
                 record(f"moe/{shape}/T={T}/{other}_vs_grouped", rel < 1e-2, rel=rel)
 
 
+def check_moe_budget_rows() -> None:
+    """The shipped "budget" rows at BASE budgets M = 8, 16 (T = 4, 8, 16: fewer units than programs at
+    M = 8, where idle_low acts) == the fp32 reference, run-to-run bit-equal, and bit-equal to the same
+    row with idle_low flipped (the same units, other programs)."""
+    import dataclasses
+
+    for shape, s in SHAPES.items():
+        E, K, H, I = s["E"], s["K"], s["H"], s["I"]  # noqa: E741
+        if E <= 16:
+            continue
+        gate_up, down = make_experts(E, H, I, seed=5)
+        for T in (4, 8, 16):
+            for M in (8, 16):
+                r = make_routing(T, E, K, s["norm_topk_prob"], seed=100 + T + M)
+                keep = torch.randperm(E, generator=torch.Generator().manual_seed(M))[:M].to(DEVICE)
+                ids = torch.stack([keep[torch.randperm(M, generator=torch.Generator().manual_seed(t))[:K]
+                                        .to(DEVICE)] for t in range(T)]).int()  # [T, K] within S
+                ids[0, -1] = -1
+                hidden = torch.randn(T, H, device=DEVICE).bfloat16()
+                ref = moe_forward_ref(hidden.float(), ids.long(), r.weights, gate_up.float(), down.float())
+                gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else None
+                cfg = default_config(T, E, K, M, hidden=H, inter=I, gpu=gpu)
+                y = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
+                again = fused_moe(hidden, ids, r.weights, gate_up, down, config=cfg)
+                flip = fused_moe(hidden, ids, r.weights, gate_up, down,
+                                 config=dataclasses.replace(cfg, idle_low=1 - cfg.idle_low))
+                rel = ((y.float() - ref).norm() / ref.norm()).item()
+                record(f"moe_budget/{shape}/T={T}/M={M}", rel < 1e-2 and torch.equal(y, again)
+                       and torch.equal(y, flip), rel_err_vs_fp32=rel, one_launch=cfg.one_launch,
+                       idle_low=cfg.idle_low, deterministic=torch.equal(y, again),
+                       idle_low_flip_equal=torch.equal(y, flip))
+
+
 def check_moe_graph() -> None:
     """Selection + fused_moe (pair-major at T=1, grouped at T=16) in one CUDA graph: replays with
     new budgets == eager; two streams."""
@@ -723,7 +757,7 @@ def main() -> int:
         checks = [check_selection, check_graph, check_base_plus, check_graph_base_plus,
                   check_fused_barrier]
     elif args.only == "moe":
-        checks = [check_moe_paths, check_moe_graph, check_sched]
+        checks = [check_moe_paths, check_moe_budget_rows, check_moe_graph, check_sched]
     elif args.only == "route":
         checks = [check_route, check_route_graph, check_route_tiles, check_sched]
     elif args.only == "compact":
