@@ -1,0 +1,93 @@
+"""base_plus's combine exponent alpha per budget: does a budget- or model-dependent alpha win?
+
+    python -m research.alpha_scan --model base_sglang/models/proxy-moe \
+        --predictor base_sglang/models/proxy-moe/predictor.safetensors \
+        --out benchmarks/results/q15/alpha_proxy_b16 --split tune --num-batches 2 \
+        --budgets 8 16 32 --alphas 0 0.25 0.5 0.75 1
+
+RESEARCH CODE, not a serving path. base_plus combines a token's kept weights as
+w_never * (W / sum w_never) ** alpha (core.selection; alpha = SelectionConfig.renorm_alpha, 0.5 by
+default, tuned once on the `tune` split). This runs base-eval's batched teacher-forced decoding
+(same batches, prefix, steps, dense prefill) for base_plus and oracle_plus (true norms, same combine
+rule) at every (alpha, M), plus any --extra policies at the default alpha, and writes OUT.json: per
+setting the perplexity increase over dense, the mean per-token NLL increase and its standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from research.ppl_common import add_eval_args, commit, eval_batches
+
+
+def run(args) -> int:
+    from base_sglang.calibration.decode_eval import run_batch
+    from base_sglang.calibration.sweep import build_settings
+    from base_sglang.core import Predictor
+    from base_sglang.core.predictor import describe_model_config
+    from base_sglang.hf import MoEPatch, load_model
+
+    t0 = time.time()
+    model, tok = load_model(args.model, "cpu", "auto")
+    pred = Predictor.load(args.predictor)
+    pred.validate(model.config)
+    d = describe_model_config(model.config)
+    E, K = int(d["num_experts"]), int(d["top_k"])
+    batches = eval_batches(tok, args.data, args.batch_size, args.num_batches, args.prefix, args.steps,
+                           args.split)
+    dense_s = build_settings([], E, K, [])[0]
+    patch = MoEPatch(model, dense_s.config, pred)
+    dense = torch.stack([-run_batch(model, patch, b, args.prefix, args.steps, dense_s).logp_target
+                         for b in batches])  # [batches, steps, B] dense NLL
+    plan = [(a, s) for a in args.alphas
+            for s in build_settings(["base_plus", "oracle_plus"], E, K, args.budgets, renorm_alpha=a)[1:]]
+    plan += [(0.5, s) for s in build_settings(args.extra, E, K, args.budgets)[1:]] if args.extra else []
+    rows = []
+    for a, s in plan:
+        nll = torch.stack([-run_batch(model, patch, b, args.prefix, args.steps, s).logp_target
+                           for b in batches])  # [batches, steps, B]
+        diff = (nll - dense).flatten()  # per-token NLL increase
+        rows.append({"policy": s.policy, "name": s.name, "alpha": a, "M": s.value,
+                     "ppl_increase_pct": round(float(torch.exp(nll.mean() - dense.mean()) - 1) * 100, 4),
+                     "dnll": round(float(diff.mean()), 5),
+                     "dnll_se": round(float(diff.std() / diff.numel() ** 0.5), 5)})
+        print(f"alpha={a:<5} {s.name:18s} {rows[-1]['ppl_increase_pct']:9.3f} %  "
+              f"dnll {rows[-1]['dnll']:.4f} +- {rows[-1]['dnll_se']:.4f}", flush=True)
+    patch.remove()
+    meta = {"command": "python -m research.alpha_scan " + " ".join(args.argv), "commit": commit(),
+            "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
+            "num_batches": len(batches), "prefix": args.prefix, "steps": args.steps,
+            "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
+    out = Path(args.out + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out} in {meta['seconds']:.0f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="alpha_scan", description=__doc__.split("\n\n")[0])
+    add_eval_args(ap)
+    from base_sglang.calibration.data import SPLITS
+
+    ap.add_argument("--split", default="tune", choices=SPLITS)
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    ap.add_argument("--extra", nargs="*", default=[], help="more policies at the default alpha (e.g. base)")
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if not Path(args.model).is_dir():
+        ap.error(f"--model: no model folder at {args.model}")
+    if any(not 0.0 <= a <= 1.0 for a in args.alphas):
+        ap.error(f"--alphas: each in [0, 1], got {args.alphas}")
+    torch.set_num_threads(args.threads)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
