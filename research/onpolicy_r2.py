@@ -11,7 +11,8 @@ of the base_plus -> oracle_plus gap. base-eval's batched decoding (dense prefill
 runs dense and base_plus at each M; a forward hook on every router recomputes, for each routed pair
 (t, u) of the model's own top-k, the true y = log(||E_u(z_t)|| + 1e-6) and the prediction yhat, and
 OUT.json holds per (setting, layer) R^2 = 1 - sum (y - yhat)^2 / sum (y - mean y)^2 (over all routed
-pairs, as base-calibrate's pooled held-out R^2) and the mean residual y - yhat.
+pairs, as base-calibrate's pooled held-out R^2) and the mean residual y - yhat
+(`python -m research.onpolicy_r2 table OUT.json` prints it).
 
 Shape legend: T tokens of one forward, K routed slots, H hidden size.
 """
@@ -99,14 +100,30 @@ def run(args) -> int:
     return 0
 
 
+def table(path: str) -> str:
+    """OUT.json -> markdown: per layer R^2 (mean residual) under each setting."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    names = list(dict.fromkeys(r["setting"] for r in rows))
+    out = ["| layer | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+    for j in sorted({r["layer"] for r in rows}):
+        cell = {r["setting"]: r for r in rows if r["layer"] == j}
+        out.append(f"| {j} | " + " | ".join(f"{cell[n]['r2']:.3f} ({cell[n]['mean_residual']:+.3f})"
+                                           for n in names) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     from base_sglang.calibration.data import SPLITS
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["table"]:  # python -m research.onpolicy_r2 table OUT.json
+        print(table(argv[1]))
+        return 0
     ap = argparse.ArgumentParser(prog="onpolicy_r2", description=__doc__.split("\n\n")[0])
     add_eval_args(ap)
     ap.add_argument("--split", default="tune", choices=SPLITS)
     args = ap.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     if not Path(args.model).is_dir():
         ap.error(f"--model: no model folder at {args.model}")
     torch.set_num_threads(args.threads)

@@ -3,7 +3,8 @@
 #   1. check_kernels_gpu.py --only moe [CHECK_ARGS, e.g. --moe-paths one,one2]: every structure
 #      == the fp32 reference at three shapes, graph replays == eager, two streams, base_sched in both
 #      selection kernels                                             -> OUT/checks.json, check_moe.log
-#   2. tests/kernels on CUDA, or PYTEST_PATHS (and the base_score strided test alone) -> OUT/pytest.log
+#   2. tests/kernels on CUDA, or PYTEST_PATHS (and the base_score strided test alone), PYTEST_S seconds
+#      (default 150)                                                    -> OUT/pytest.log
 #   3. gpu/sweep_moe.py: grouped / pair-major / one-launch per (shape, T, routing), then a tile
 #      search on the fastest (SWEEP_SHAPES, SWEEP_T, SWEEP_TILE_T, SWEEP_S) -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
@@ -43,7 +44,7 @@ for part in $PARTS; do
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
-            (cd "${PKG:-$ROOT}" && timeout -k 10 150 python3 -m pytest -q -rfE -p no:cacheprovider \
+            (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-150} python3 -m pytest -q -rfE -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-$ROOT/tests/kernels} \
                 > "$OUT/pytest.log" 2>&1) || status=1
             (cd "${PKG:-$ROOT}" && timeout -k 10 40 python3 -m pytest -q -x -p no:cacheprovider \
