@@ -60,14 +60,14 @@ def run(args) -> int:
                      "ppl_increase_pct": round(float(torch.exp(nll.mean() - dense.mean()) - 1) * 100, 4),
                      "dnll": round(float(diff.mean()), 5),
                      "dnll_se": round(float(diff.std() / diff.numel() ** 0.5), 5)})
+        print(f"alpha={a:<5} {s.name:18s} {rows[-1]['ppl_increase_pct']:9.3f} %  "
+              f"dnll {rows[-1]['dnll']:.4f} +- {rows[-1]['dnll_se']:.4f}", flush=True)
     for r in rows:  # paired against the same setting at --ref-alpha (same tokens)
         ref = nlls.get((r["name"], args.ref_alpha))
         if ref is not None:
             d = (nlls[(r["name"], r["alpha"])] - ref).flatten()  # [tokens]
             r["paired_vs_ref"] = round(float(d.mean()), 5)
             r["paired_vs_ref_se"] = round(float(d.std() / d.numel() ** 0.5), 5)
-        print(f"alpha={a:<5} {s.name:18s} {rows[-1]['ppl_increase_pct']:9.3f} %  "
-              f"dnll {rows[-1]['dnll']:.4f} +- {rows[-1]['dnll_se']:.4f}", flush=True)
     patch.remove()
     meta = {"command": "python -m research.alpha_scan " + " ".join(args.argv), "commit": commit(),
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
@@ -91,7 +91,7 @@ def table(path: str) -> str:
     """OUT.json -> markdown: per (policy, M) the perplexity increase (%) at each alpha, bold = the
     lowest, z = the paired difference to the same setting at the reference alpha in standard errors."""
     rows = json.loads(Path(path).read_text())["rows"]
-    alphas = sorted({r["alpha"] for r in rows if r["policy"] in ("base_plus", "oracle")})
+    alphas = sorted({r["alpha"] for r in rows})
     out = ["| policy | M | " + " | ".join(f"alpha = {a:g}" for a in alphas) + " |",
            "|---|---:|" + "---:|" * len(alphas)]
     for pol in dict.fromkeys(r["name"].split(" ")[0] for r in rows):

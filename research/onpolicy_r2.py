@@ -8,7 +8,8 @@ RESEARCH CODE, not a serving path. The predictor is fitted on dense forwards of 
 split; under a budget every later layer's input z_t comes from a pruned trajectory. If that shift
 degraded the predictions, fitting on pruned trajectories ("on-policy" calibration) could close part
 of the base_plus -> oracle_plus gap. base-eval's batched decoding (dense prefill, B rows per step)
-runs dense and base_plus at each M; a forward hook on every router recomputes, for each routed pair
+runs dense and base_plus at each M; a forward hook on every router recomputes, at the decode steps
+only (the prefill is dense under every setting), for each routed pair
 (t, u) of the model's own top-k, the true y = log(||E_u(z_t)|| + 1e-6) and the prediction yhat, and
 OUT.json holds per (setting, layer) R^2 = 1 - sum (y - yhat)^2 / sum (y - mean y)^2 (over all routed
 pairs, as base-calibrate's pooled held-out R^2) and the mean residual y - yhat
@@ -54,9 +55,9 @@ def run(args) -> int:
 
     def make(layer_id, block):
         def hook(module, hook_args, output):
-            if state["key"] is None:
-                return None
             x = hook_args[0].reshape(-1, hook_args[0].shape[-1])  # [T, H]
+            if state["key"] is None or x.shape[0] != args.batch_size:  # decode steps only (T = B),
+                return None  # not the dense prefill (T = B * prefix)
             _, _, ids = type(module).forward(module, x)  # the model's own top-k (unpatched)
             ids = ids.reshape(x.shape[0], -1).long()  # [T, K]
             y = torch.log(routed_outputs(x, ids, block.experts).norm(dim=-1) + LOG_EPS)  # [T, K]
