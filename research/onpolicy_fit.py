@@ -12,6 +12,8 @@ CALIBRATION split (dense prefill of `prefix` tokens, then `steps` decode steps o
   refit_dense     prefill rows + the dense run's decode rows (counted once per collect budget),
   refit_onpolicy  prefill rows + the decode rows of base_plus (driven by the shipped predictor) at
                   each --collect-budgets M,
+and with --with-calib-rows instead calib+dense / calib+onpolicy: the same plus base-calibrate's own
+fit rows (dense forwards of its fit windows, CalibrationConfig defaults),
 each a per-(layer, expert) ridge of y = log(||E_u(z)|| + 1e-6) on z for the model's own top-k pairs
 (calibration.collect.LayerStats + calibration.fit.fit_ridge, ridge 1e-3 as base-calibrate). The
 refit predictors keep every other tensor of the shipped file. Then base-eval's decoding of --split
@@ -37,13 +39,14 @@ import torch
 from research.ppl_common import add_eval_args, commit, eval_batches
 
 
-def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, E, H):
-    """LayerStats per layer over the prefill rows (once) and the decode rows of each (setting, repeat)."""
-    from base_sglang.calibration.collect import LayerStats
+def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, E, H, calib_windows=()):
+    """LayerStats per layer over the prefill rows (once), the decode rows of each (setting, repeat),
+    and the dense forwards of calib_windows (base-calibrate's fit windows, [n, seq_len] each)."""
+    from base_sglang.calibration.collect import LayerStats, run_forward
     from base_sglang.calibration.decode_eval import run_batch
 
     stats = {j: LayerStats(E, H, sere_tokens=0) for j in blocks}
-    state = {"decode_repeat": 0, "prefill": False}
+    state = {"decode_repeat": 0, "prefill": True}
 
     def make(j, block):
         def hook(module, hook_args, output):
@@ -61,6 +64,9 @@ def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, 
 
     handles = [b.gate.register_forward_hook(make(j, b)) for j, b in blocks.items()]
     try:
+        patch.set_config(settings_and_repeats[0][0].config)  # dense for the calibration windows
+        for w in calib_windows:
+            run_forward(model, w)  # T = rows * seq_len: counted as "prefill" rows
         for i, (s, repeat) in enumerate(settings_and_repeats):
             state["decode_repeat"], state["prefill"] = repeat, i == 0  # the prefill rows once
             for b in batches:
@@ -105,14 +111,27 @@ def run(args) -> int:
     pruned = build_settings(["base_plus"], E, K, args.collect_budgets)[1:]
     preds = {"shipped": shipped}
     fits = {}
-    for tag, plan in (("refit_dense", [(dense_s, n)]),
-                      ("refit_onpolicy", [(dense_s, 0)] + [(s, 1) for s in pruned])):
-        st = collect(model, patch, patch.blocks, calib, args.prefix, args.steps, plan, E, H)
+    variants = [("refit_dense", [(dense_s, n)], False),
+                ("refit_onpolicy", [(dense_s, 0)] + [(s, 1) for s in pruned], False)]
+    calib_windows = []
+    if args.with_calib_rows:  # the shipped predictor's own fit rows in front of the decode rows
+        from base_sglang.calibration.config import CalibrationConfig
+        from base_sglang.calibration.data import read_documents, split_documents, tokenize_documents
+        from base_sglang.calibration.pipeline import _batches, split_windows
+
+        cfg = CalibrationConfig()
+        doc_ids = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
+        calib_windows = _batches(split_windows(doc_ids, cfg)[0], cfg.batch_size, "cpu")
+        variants = [("calib+dense", [(dense_s, n)], True),
+                    ("calib+onpolicy", [(dense_s, 0)] + [(s, 1) for s in pruned], True)]
+    for tag, plan, with_calib in variants:
+        st = collect(model, patch, patch.blocks, calib, args.prefix, args.steps, plan, E, H,
+                     calib_windows if with_calib else ())
         preds[tag], fits[tag] = refit(shipped, st, args.ridge, tag)
         print(f"{tag}: fit pairs per layer {[int(s.n.sum()) for s in st.values()]}", flush=True)
     patch.remove()
     if args.save:
-        for tag in ("refit_dense", "refit_onpolicy"):
+        for tag, _, _ in variants:
             preds[tag].save(f"{args.out}_{tag}.safetensors")
 
     batches = eval_batches(tok, args.data, args.batch_size, args.num_batches, args.prefix, args.steps,
@@ -184,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-budgets", type=int, nargs="+", default=[8, 12, 16])
     ap.add_argument("--collect-batches", type=int, default=7, help="calibration-split batches of B rows")
     ap.add_argument("--ridge", type=float, default=1e-3)
+    ap.add_argument("--with-calib-rows", action="store_true",
+                    help="variants calib+dense / calib+onpolicy: base-calibrate's fit rows (dense forwards "
+                         "of its fit windows) plus the decode rows")
     ap.add_argument("--save", action="store_true", help="also write OUT_<refit>.safetensors")
     args = ap.parse_args(argv)
     args.argv = argv
