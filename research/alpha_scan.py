@@ -35,7 +35,7 @@ def run(args) -> int:
     from base_sglang.core.predictor import describe_model_config
     from base_sglang.hf import MoEPatch, load_model
 
-    t0 = time.time()
+    t0, start_commit = time.time(), commit()  # the code that runs (HEAD may move during a long run)
     model, tok = load_model(args.model, "cpu", "auto")
     pred = Predictor.load(args.predictor)
     pred.validate(model.config)
@@ -69,7 +69,7 @@ def run(args) -> int:
             r["paired_vs_ref"] = round(float(d.mean()), 5)
             r["paired_vs_ref_se"] = round(float(d.std() / d.numel() ** 0.5), 5)
     patch.remove()
-    meta = {"command": "python -m research.alpha_scan " + " ".join(args.argv), "commit": commit(),
+    meta = {"command": "python -m research.alpha_scan " + " ".join(args.argv), "commit": start_commit,
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "prefix": args.prefix, "steps": args.steps,
             "ref_alpha": args.ref_alpha, "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}

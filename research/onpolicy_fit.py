@@ -97,7 +97,7 @@ def run(args) -> int:
     from base_sglang.core.predictor import describe_model_config
     from base_sglang.hf import MoEPatch, load_model
 
-    t0 = time.time()
+    t0, start_commit = time.time(), commit()  # the code that runs (HEAD may move during a long run)
     model, tok = load_model(args.model, "cpu", "auto")
     shipped = Predictor.load(args.predictor)
     shipped.validate(model.config)
@@ -159,7 +159,7 @@ def run(args) -> int:
         dd = (nlls[(r["predictor"], r["M"])] - nlls[("shipped", r["M"])]).flatten()
         r["paired_vs_shipped"] = round(float(dd.mean()), 5)
         r["paired_vs_shipped_se"] = round(float(dd.std() / dd.numel() ** 0.5), 5)
-    meta = {"command": "python -m research.onpolicy_fit " + " ".join(args.argv), "commit": commit(),
+    meta = {"command": "python -m research.onpolicy_fit " + " ".join(args.argv), "commit": start_commit,
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "collect_batches": len(calib), "prefix": args.prefix,
             "steps": args.steps, "collect_budgets": args.collect_budgets, "ridge": args.ridge,

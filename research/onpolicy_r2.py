@@ -40,7 +40,7 @@ def run(args) -> int:
     from base_sglang.hf import MoEPatch, load_model
     from base_sglang.hf.blocks import routed_outputs
 
-    t0 = time.time()
+    t0, start_commit = time.time(), commit()  # the code that runs (HEAD may move during a long run)
     model, tok = load_model(args.model, "cpu", "auto")
     pred = Predictor.load(args.predictor)
     pred.validate(model.config)
@@ -90,7 +90,7 @@ def run(args) -> int:
     for j in sorted(patch.blocks):
         cells = [r for r in rows if r["layer"] == j]
         print(f"{j:5d} " + " ".join(f"R2 {r['r2']:.3f} res {r['mean_residual']:+.3f}".rjust(24) for r in cells))
-    meta = {"command": "python -m research.onpolicy_r2 " + " ".join(args.argv), "commit": commit(),
+    meta = {"command": "python -m research.onpolicy_r2 " + " ".join(args.argv), "commit": start_commit,
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "prefix": args.prefix, "steps": args.steps,
             "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
