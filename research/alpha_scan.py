@@ -25,22 +25,16 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches
+from research.ppl_common import add_eval_args, commit, eval_batches, load_setup
 
 
 def run(args) -> int:
     from base_sglang.calibration.decode_eval import run_batch
     from base_sglang.calibration.sweep import build_settings
-    from base_sglang.core import Predictor
-    from base_sglang.core.predictor import describe_model_config
-    from base_sglang.hf import MoEPatch, load_model
+    from base_sglang.hf import MoEPatch
 
     t0, start_commit = time.time(), commit()  # the code that runs (HEAD may move during a long run)
-    model, tok = load_model(args.model, "cpu", "auto")
-    pred = Predictor.load(args.predictor)
-    pred.validate(model.config)
-    d = describe_model_config(model.config)
-    E, K = int(d["num_experts"]), int(d["top_k"])
+    model, tok, pred, E, K, H = load_setup(args)
     batches = eval_batches(tok, args.data, args.batch_size, args.num_batches, args.prefix, args.steps,
                            args.split)
     dense_s = build_settings([], E, K, [])[0]

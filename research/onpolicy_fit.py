@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches
+from research.ppl_common import add_eval_args, commit, eval_batches, load_setup
 
 
 def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, E, H, calib_windows=()):
@@ -93,16 +93,10 @@ def refit(pred, stats, ridge: float, tag: str):
 def run(args) -> int:
     from base_sglang.calibration.decode_eval import run_batch
     from base_sglang.calibration.sweep import build_settings
-    from base_sglang.core import Predictor
-    from base_sglang.core.predictor import describe_model_config
-    from base_sglang.hf import MoEPatch, load_model
+    from base_sglang.hf import MoEPatch
 
     t0, start_commit = time.time(), commit()  # the code that runs (HEAD may move during a long run)
-    model, tok = load_model(args.model, "cpu", "auto")
-    shipped = Predictor.load(args.predictor)
-    shipped.validate(model.config)
-    d = describe_model_config(model.config)
-    E, K, H = int(d["num_experts"]), int(d["top_k"]), int(d["hidden_size"])
+    model, tok, shipped, E, K, H = load_setup(args)
     calib = eval_batches(tok, args.data, args.batch_size, args.collect_batches, args.prefix, args.steps,
                          "calib")
     dense_s = build_settings([], E, K, [])[0]

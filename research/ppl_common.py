@@ -29,6 +29,20 @@ def eval_batches(tokenizer, data: str, batch_size: int, num_batches: int, prefix
     return [torch.tensor([w for _, w in b], dtype=torch.long) for b in batches]
 
 
+def load_setup(args):
+    """(model, tokenizer, predictor, E, K, H) for --model / --predictor, the predictor checked against
+    the model (CPU, the checkpoint's dtype)."""
+    from base_sglang.core import Predictor
+    from base_sglang.core.predictor import describe_model_config
+    from base_sglang.hf import load_model
+
+    model, tok = load_model(args.model, "cpu", "auto")
+    pred = Predictor.load(args.predictor)
+    pred.validate(model.config)
+    d = describe_model_config(model.config)
+    return model, tok, pred, int(d["num_experts"]), int(d["top_k"]), int(d["hidden_size"])
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse",

@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
-import tiny  # noqa: E402
-
-from research import alpha_scan, onpolicy_r2  # noqa: E402
+from research import alpha_scan, onpolicy_r2
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory):
-    from base_sglang.calibration.__main__ import main as calibrate_main
-
-    root = tmp_path_factory.mktemp("q15")
-    docs = tiny.synthetic_docs(48)
-    data = tiny.write_text(root / "docs.txt", docs)
-    ckpt = tiny.make_checkpoint("qwen3_moe", root / "ckpt", docs)
-    pred = root / "p.safetensors"
-    assert calibrate_main(["--model", str(ckpt), "--data", str(data), "--out", str(pred),
-                           "--num-seqs", "16", "--seq-len", "24", "--heldout-every", "4",
-                           "--stat-batch", "4", "--quiet"]) == 0
+def paths(tiny_files, tmp_path_factory):
+    ckpt, pred, data = tiny_files
     return ["--model", str(ckpt), "--predictor", str(pred), "--data", str(data), "--split", "all",
-            "--batch-size", "4", "--num-batches", "1", "--prefix", "8", "--steps", "4"], root
+            "--batch-size", "4", "--num-batches", "1", "--prefix", "8", "--steps", "4"], \
+        tmp_path_factory.mktemp("q15")
 
 
 def test_alpha_scan_pairs_against_the_reference_alpha(paths, capsys):
