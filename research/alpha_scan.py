@@ -25,7 +25,15 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches, load_setup
+from research.ppl_common import (
+    add_eval_args,
+    commit,
+    eval_batches,
+    finish_args,
+    load_setup,
+    mean_se,
+    write_json,
+)
 
 
 def run(args) -> int:
@@ -49,27 +57,22 @@ def run(args) -> int:
         nll = torch.stack([-run_batch(model, patch, b, args.prefix, args.steps, s).logp_target
                            for b in batches])  # [batches, steps, B]
         nlls[(s.name, a)] = nll
-        diff = (nll - dense).flatten()  # per-token NLL increase
+        dnll, dnll_se = mean_se(nll - dense)  # per-token NLL increase
         rows.append({"policy": s.policy, "name": s.name, "alpha": a, "M": s.value,
                      "ppl_increase_pct": round(float(torch.exp(nll.mean() - dense.mean()) - 1) * 100, 4),
-                     "dnll": round(float(diff.mean()), 5),
-                     "dnll_se": round(float(diff.std() / diff.numel() ** 0.5), 5)})
+                     "dnll": dnll, "dnll_se": dnll_se})
         print(f"alpha={a:<5} {s.name:18s} {rows[-1]['ppl_increase_pct']:9.3f} %  "
               f"dnll {rows[-1]['dnll']:.4f} +- {rows[-1]['dnll_se']:.4f}", flush=True)
     for r in rows:  # paired against the same setting at --ref-alpha (same tokens)
         ref = nlls.get((r["name"], args.ref_alpha))
         if ref is not None:
-            d = (nlls[(r["name"], r["alpha"])] - ref).flatten()  # [tokens]
-            r["paired_vs_ref"] = round(float(d.mean()), 5)
-            r["paired_vs_ref_se"] = round(float(d.std() / d.numel() ** 0.5), 5)
+            r["paired_vs_ref"], r["paired_vs_ref_se"] = mean_se(nlls[(r["name"], r["alpha"])] - ref)
     patch.remove()
     meta = {"command": "python -m research.alpha_scan " + " ".join(args.argv), "commit": start_commit,
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "prefix": args.prefix, "steps": args.steps,
             "ref_alpha": args.ref_alpha, "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
-    out = Path(args.out + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    out = write_json(args.out, meta, rows)
     print(table(str(out)))
     print(f"wrote {out} in {meta['seconds']:.0f} s")
     return 0
@@ -116,11 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", nargs="*", default=[], help="more policies at the default alpha (e.g. base)")
     args = ap.parse_args(argv)
     args.argv = argv
-    if not Path(args.model).is_dir():
-        ap.error(f"--model: no model folder at {args.model}")
     if any(not 0.0 <= a <= 1.0 for a in args.alphas):
         ap.error(f"--alphas: each in [0, 1], got {args.alphas}")
-    torch.set_num_threads(args.threads)
+    finish_args(ap, args)
     return run(args)
 
 

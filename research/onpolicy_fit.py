@@ -36,7 +36,15 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches, load_setup
+from research.ppl_common import (
+    add_eval_args,
+    commit,
+    eval_batches,
+    finish_args,
+    load_setup,
+    mean_se,
+    write_json,
+)
 
 
 def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, E, H, calib_windows=()):
@@ -64,11 +72,11 @@ def collect(model, patch, blocks, batches, prefix, steps, settings_and_repeats, 
 
     handles = [b.gate.register_forward_hook(make(j, b)) for j, b in blocks.items()]
     try:
-        patch.set_config(settings_and_repeats[0][0].config)  # dense for the calibration windows
-        for w in calib_windows:
+        for w in calib_windows:  # outside a decode step every block runs dense
             run_forward(model, w)  # T = rows * seq_len: counted as "prefill" rows
         for i, (s, repeat) in enumerate(settings_and_repeats):
-            state["decode_repeat"], state["prefill"] = repeat, i == 0  # the prefill rows once
+            # the prefill rows once (the first setting's: the prefill is dense under every setting)
+            state["decode_repeat"], state["prefill"] = repeat, i == 0
             for b in batches:
                 run_batch(model, patch, b, prefix, steps, s)
     finally:
@@ -106,7 +114,7 @@ def run(args) -> int:
     preds = {"shipped": shipped}
     fits = {}
     variants = [("refit_dense", [(dense_s, n)], False),
-                ("refit_onpolicy", [(dense_s, 0)] + [(s, 1) for s in pruned], False)]
+                ("refit_onpolicy", [(s, 1) for s in pruned], False)]
     calib_windows = []
     if args.with_calib_rows:  # the shipped predictor's own fit rows in front of the decode rows
         from base_sglang.calibration.config import CalibrationConfig
@@ -117,7 +125,7 @@ def run(args) -> int:
         doc_ids = tokenize_documents(tok, split_documents(read_documents(args.data), "calib"))
         calib_windows = _batches(split_windows(doc_ids, cfg)[0], cfg.batch_size, "cpu")
         variants = [("calib+dense", [(dense_s, n)], True),
-                    ("calib+onpolicy", [(dense_s, 0)] + [(s, 1) for s in pruned], True)]
+                    ("calib+onpolicy", [(s, 1) for s in pruned], True)]
     for tag, plan, with_calib in variants:
         st = collect(model, patch, patch.blocks, calib, args.prefix, args.steps, plan, E, H,
                      calib_windows if with_calib else ())
@@ -142,25 +150,21 @@ def run(args) -> int:
             nll = torch.stack([-run_batch(model, patch, b, args.prefix, args.steps, s).logp_target
                                for b in batches])  # [batches, steps, B]
             nlls[(tag, s.value)] = nll
-            diff = (nll - dense).flatten()
+            dnll, dnll_se = mean_se(nll - dense)
             rows.append({"predictor": tag, "policy": policy, "M": s.value,
                          "ppl_increase_pct": round(float(torch.exp(nll.mean() - dense.mean()) - 1) * 100, 4),
-                         "dnll": round(float(diff.mean()), 5),
-                         "dnll_se": round(float(diff.std() / diff.numel() ** 0.5), 5)})
+                         "dnll": dnll, "dnll_se": dnll_se})
             print(f"{tag:15s} {s.name:18s} {rows[-1]['ppl_increase_pct']:9.3f} %", flush=True)
         patch.remove()
     for r in rows:  # paired against base_plus with the shipped predictor at the same M
-        dd = (nlls[(r["predictor"], r["M"])] - nlls[("shipped", r["M"])]).flatten()
-        r["paired_vs_shipped"] = round(float(dd.mean()), 5)
-        r["paired_vs_shipped_se"] = round(float(dd.std() / dd.numel() ** 0.5), 5)
+        r["paired_vs_shipped"], r["paired_vs_shipped_se"] = mean_se(
+            nlls[(r["predictor"], r["M"])] - nlls[("shipped", r["M"])])
     meta = {"command": "python -m research.onpolicy_fit " + " ".join(args.argv), "commit": start_commit,
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "collect_batches": len(calib), "prefix": args.prefix,
             "steps": args.steps, "collect_budgets": args.collect_budgets, "ridge": args.ridge,
             "train_fit": fits, "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
-    out = Path(args.out + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    out = write_json(args.out, meta, rows)
     print(table(str(out)))
     print(f"wrote {out} in {meta['seconds']:.0f} s")
     return 0
@@ -203,11 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", action="store_true", help="also write OUT_<refit>.safetensors")
     args = ap.parse_args(argv)
     args.argv = argv
-    if not Path(args.model).is_dir():
-        ap.error(f"--model: no model folder at {args.model}")
     if args.split == "calib":
         ap.error("--split: calib is the fit's split; score tune or report")
-    torch.set_num_threads(args.threads)
+    finish_args(ap, args)
     return run(args)
 
 

@@ -28,7 +28,14 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches, load_setup
+from research.ppl_common import (
+    add_eval_args,
+    commit,
+    eval_batches,
+    finish_args,
+    load_setup,
+    write_json,
+)
 
 
 def run(args) -> int:
@@ -88,9 +95,7 @@ def run(args) -> int:
             "model": Path(args.model).name, "split": args.split, "batch_size": args.batch_size,
             "num_batches": len(batches), "prefix": args.prefix, "steps": args.steps,
             "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
-    out = Path(args.out + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    out = write_json(args.out, meta, rows)
     print(f"wrote {out} in {meta['seconds']:.0f} s")
     return 0
 
@@ -119,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="tune", choices=SPLITS)
     args = ap.parse_args(argv)
     args.argv = argv
-    if not Path(args.model).is_dir():
-        ap.error(f"--model: no model folder at {args.model}")
-    torch.set_num_threads(args.threads)
+    finish_args(ap, args)
     return run(args)
 
 

@@ -3,6 +3,7 @@ and the commit a run starts at. RESEARCH CODE, not a serving path."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,27 @@ def load_setup(args):
     pred.validate(model.config)
     d = describe_model_config(model.config)
     return model, tok, pred, int(d["num_experts"]), int(d["top_k"]), int(d["hidden_size"])
+
+
+def mean_se(d: torch.Tensor, digits: int = 5) -> tuple[float, float]:
+    """(mean, standard error of the mean) of per-token values d [N], rounded."""
+    d = d.flatten()
+    return round(float(d.mean()), digits), round(float(d.std() / d.numel() ** 0.5), digits)
+
+
+def write_json(stem: str, meta: dict, rows: list[dict]) -> Path:
+    """Write {"meta", "rows"} to STEM.json (folders made) and return the path."""
+    out = Path(stem + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    return out
+
+
+def finish_args(ap, args) -> None:
+    """The checks every script makes after parsing: --model is a folder; torch uses --threads."""
+    if not Path(args.model).is_dir():
+        ap.error(f"--model: no model folder at {args.model}")
+    torch.set_num_threads(args.threads)
 
 
 def commit() -> str:

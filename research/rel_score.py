@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from research.ppl_common import add_eval_args, commit, eval_batches  # noqa: F401 (eval_batches: tests import it here)
+from research.ppl_common import add_eval_args, commit, eval_batches, finish_args  # noqa: F401 (eval_batches: tests import it here)
 
 REL_FAMILIES = ("oracle_rel", "base_rel", "base_relhat", "oracle_relhat")
 
@@ -461,9 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     args.argv = argv
-    if not Path(args.model).is_dir():
-        ap.error(f"--model: no model folder at {args.model}")
-    torch.set_num_threads(args.threads)
+    finish_args(ap, args)
     return run(args)
 
 

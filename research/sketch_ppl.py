@@ -39,7 +39,7 @@ from base_sglang.calibration import predictor_study as ps
 from base_sglang.calibration.collect import LOG_EPS
 from base_sglang.calibration.config import CalibrationConfig
 from base_sglang.calibration.expert_sketch import sketch_factors, sketch_features
-from research.ppl_common import add_eval_args, commit, eval_batches  # noqa: F401 (eval_batches: tests import it here)
+from research.ppl_common import add_eval_args, commit, eval_batches, finish_args  # noqa: F401 (eval_batches: tests import it here)
 
 
 @dataclasses.dataclass
@@ -262,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="calibration windows (default: CalibrationConfig's, as predictor_study)")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if not Path(args.model).is_dir():
-        ap.error(f"--model: no model folder at {args.model}")
-    torch.set_num_threads(args.threads)
+    finish_args(ap, args)
     return run(args)
 
 
