@@ -103,6 +103,7 @@ def main() -> int:
                     help="a site dir with sgl_kernel (the device bundle's): also time SGLang with "
                          "its CUDA align inside (sglang_cuda_align_us)")
     ap.add_argument("--no-tune", action="store_true")
+    ap.add_argument("--dense-only", action="store_true", help="time the dense routing alone (no BASE M)")
     args = ap.parse_args()
     tokens = [int(x) for x in args.tokens.split(",")]
     sgl = None
@@ -137,7 +138,7 @@ def main() -> int:
                 hidden = torch.randn(T, H, device=DEVICE).bfloat16()
                 union = int(torch.unique(r.ids).numel())
                 sel = {}
-                for M in budgets_for(E, K) + [E]:
+                for M in ([] if args.dense_only else budgets_for(E, K)) + [E]:
                     out = base_select_experts(r.logits, r.ids, r.weights, hidden,
                                               torch.full((T,), M, device=DEVICE), 0,
                                               SelectionConfig(policy="base"), pred,
@@ -150,7 +151,8 @@ def main() -> int:
                 pdl_dense = pdl_base = True
                 if not args.no_tune:
                     cfg_dense, pdl_dense = tune(hidden, r.ids, r.weights, gus, dns, cfg_dense)
-                    cfg_base, pdl_base = tune(hidden, *sel[m_mid], gus, dns, cfg_base)
+                    if m_mid in sel:  # (not with --dense-only)
+                        cfg_base, pdl_base = tune(hidden, *sel[m_mid], gus, dns, cfg_base)
                 configs[f"{shape}/T={T}"] = {
                     "dense": {**dataclasses.asdict(cfg_dense), "pdl": pdl_dense},
                     f"base(M={m_mid})": {**dataclasses.asdict(cfg_base), "pdl": pdl_base}}

@@ -17,7 +17,10 @@ profile: DIR/e2e_A and DIR/e2e_B profile_b16.json of bench_decode.py (A, B = spl
         old): one profiled decode step's GPU time per kernel, GPU busy and idle time;
 table_e2e: DIR/e2e_new and DIR/e2e_old summary.json (this commit's tuned table against the table
         without trace variants); aa_e2e: DIR/e2e_run1 and DIR/e2e_run2, two runs of one setting;
-runs_e2e: every DIR/e2e_* of gpu/run_table_e2e_h200.sh (new / old table, repeated) side by side.
+runs_e2e: every DIR/e2e_* of gpu/run_table_e2e_h200.sh (new / old table, repeated) side by side;
+ab:     DIR/ab_{old,new}_R/fused_moe.json of run_moe_h200.sh's grouptune part: the dense layer with
+        the shipped table and the new one, round by round, SGLang (its CUDA align inside) in every
+        run; also writes DIR/ab.json.
 """
 
 from __future__ import annotations
@@ -92,6 +95,50 @@ def dense_table(rows: list[dict]) -> str:
             sgl, where = r["sglang_us"], "outside (CUDA JIT)"
         out.append(f"| {r['shape']} | {r['T']} | {r['experts_read']} | {r['ours_us']:.1f} | "
                    f"{sgl:.1f} | {where} | {r['ours_us'] / sgl:.2f} |")
+    return "\n".join(out)
+
+
+def _sglang_us(r: dict) -> float:
+    return r.get("sglang_cuda_align_us", r.get("sglang_align_us", r.get("sglang_us", float("nan"))))
+
+
+def ab_table(folder: str) -> str:
+    """Shipped (old) against new table, dense rows, per round; SGLang from every run of the round."""
+    import statistics
+
+    runs: dict[tuple, dict] = {}  # (shape, T) -> {(variant, round): row}
+    rounds = set()
+    for name in sorted(os.listdir(folder)):
+        m = re.fullmatch(r"ab_(old|new)_(\d+)", name)
+        path = os.path.join(folder, name, "fused_moe.json")
+        if not m or not os.path.isfile(path):
+            continue
+        rounds.add(int(m.group(2)))
+        for r in json.load(open(path))["rows"]:
+            if r["M"] == "dense":
+                runs.setdefault((r["shape"], r["T"]), {})[(m.group(1), int(m.group(2)))] = r
+    rs = sorted(rounds)
+    out = ["| shape | T | experts read | " + " | ".join(f"r{k}: old / new / SGLang µs" for k in rs)
+           + " | median old | median new | median SGLang | new / old | new / SGLang | old / SGLang |",
+           "|---|---:|---:|" + "---|" * len(rs) + "---:|---:|---:|---:|---:|---:|"]
+    summary = []
+    for (shape, T), by in sorted(runs.items()):
+        cells, old, new, sgl = [], [], [], []
+        for k in rs:
+            o, n = by.get(("old", k)), by.get(("new", k))
+            cells.append(" / ".join(f"{x['ours_us']:.1f}" if x else "-" for x in (o, n))
+                         + " / " + " ".join(f"{_sglang_us(x):.1f}" for x in (o, n) if x))
+            old += [o["ours_us"]] if o else []
+            new += [n["ours_us"]] if n else []
+            sgl += [_sglang_us(x) for x in (o, n) if x]
+        mo, mn, ms = (statistics.median(v) if v else float("nan") for v in (old, new, sgl))
+        read = next(iter(by.values()))["experts_read"]
+        out.append(f"| {shape} | {T} | {read} | " + " | ".join(cells)
+                   + f" | {mo:.1f} | {mn:.1f} | {ms:.1f} | {mn / mo:.3f} | {mn / ms:.3f} | {mo / ms:.3f} |")
+        summary.append(dict(shape=shape, T=T, experts_read=read, old_us=old, new_us=new, sglang_us=sgl,
+                            median_old=mo, median_new=mn, median_sglang=ms))
+    with open(os.path.join(folder, "ab.json"), "w") as f:
+        json.dump({"cells": summary}, f, indent=1)
     return "\n".join(out)
 
 
@@ -364,7 +411,7 @@ def main() -> int:
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
                                      "trace", "trace_grid", "trace_experts", "profile", "table_e2e",
-                                     "aa_e2e", "runs_e2e"))
+                                     "aa_e2e", "runs_e2e", "ab"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
@@ -404,6 +451,9 @@ def main() -> int:
         return 0
     if kind == "runs_e2e":  # gpu/run_table_e2e_h200.sh: new / old tables, repeated
         print(runs_table(args.folder))
+        return 0
+    if kind == "ab":  # run_moe_h200.sh grouptune: shipped / new table, dense rows, rounds
+        print(ab_table(args.folder))
         return 0
     if kind == "aa_e2e":  # the same setting twice, one after the other
         print(fold_table(args.folder, "e2e_run1", "e2e_run2", ("first run", "second run")))

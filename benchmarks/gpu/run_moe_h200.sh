@@ -23,6 +23,12 @@
 #      dense routing at DENSE_T (default 32), Qwen3, merged --keep-faster into
 #      kernels/configs/NVIDIA_H200.json, then bench_fused_moe.py --no-tune at DENSE_BENCH_T
 #      (default 16,32,64)           -> OUT/dense/sweep_moe.json, NVIDIA_H200.json, fused_moe.{csv,json}
+#   grouptune (only when named; carry .whl/sglang-0.5.23-moe.tar.gz and .device_carry/sglang-0.5.17-cp312.tar.xz):
+#      the grouped tile search on dense routing at GT_T (default 32,64), GT_SHAPES (Qwen3), a table
+#      with those rows replaced (tuned_configs.py --replace over the shipped table's own provenance),
+#      then GT_ROUNDS (3) rounds of bench_fused_moe.py --no-tune --dense-only with the shipped table
+#      and the new one in turn, SGLang with its CUDA align inside each run
+#                    -> OUT/g/sweep_moe.json, OUT/table_{old,new}.json, OUT/ab_{old,new}_R/, ab.json
 #   trace (only when named): gpu/trace_moe_one.py, the one-launch layer's in-kernel timeline
 #      (%globaltimer per unit) with the shipped tiles or variants of them, timed and checked
 #      (TRACE_SHAPES, TRACE_T, TRACE_M, TRACE_VARIANTS, TRACE_ONLY, TRACE_S) -> OUT/trace_moe_one.json
@@ -108,6 +114,35 @@ for part in $PARTS; do
                 --sglang-root /tmp/sglang_whl --shapes qwen3-30b-a3b --tokens ${DENSE_BENCH_T:-16,32,64} \
                 > "$OUT/bench_fused_moe.log" 2>&1 || status=1
             grep -v -i warn "$OUT/bench_fused_moe.log" | tail -24 | cut -c1-120 ;;
+        grouptune) echo "=== grouped tiles on dense routing at T = ${GT_T:-32,64}, A/B against the shipped rows"
+            timeout -k 10 $(( ${GT_S:-200} + 40 )) python3 benchmarks/gpu/sweep_moe.py --out "$OUT/g" \
+                --budget-s ${GT_S:-200} --structure grouped --routings dense \
+                --shapes ${GT_SHAPES:-qwen3-30b-a3b} --tokens ${GT_T:-32,64} --tile-tokens ${GT_T:-32,64} \
+                > "$OUT/sweep.log" 2>&1 || status=1
+            grep -v -i warn "$OUT/sweep.log" | cut -c1-230 | tail -4
+            table=kernels/configs/NVIDIA_H200.json
+            cp "$table" "$OUT/table_old.json"
+            read -r -a prov < <(python3 -c "import json, sys; p = json.load(open(sys.argv[1]))['provenance']; \
+print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--trace'] + [t['file'] for t in p.get('traces', [])]))" "$table")
+            python3 benchmarks/gpu/tuned_configs.py --keep-faster "${prov[@]}" --replace "$OUT/g/sweep_moe.json" \
+                --out "$OUT/new" > "$OUT/tuned.log" 2>&1 && cp "$OUT/new/NVIDIA_H200.json" "$OUT/table_new.json" \
+                || { status=1; cat "$OUT/tuned.log"; }
+            tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
+            [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
+                BUNDLE_CHECK=off bash benchmarks/gpu/install_bundle.sh "$tarball" > "$OUT/bundle.log" 2>&1 || status=1
+            unpack_sglang_wheel
+            for r in $(seq 1 ${GT_ROUNDS:-3}); do
+                for v in old new; do
+                    [ -f "$OUT/table_$v.json" ] || continue
+                    cp "$OUT/table_$v.json" "$table"
+                    timeout -k 10 ${GT_BENCH_S:-90} python3 benchmarks/bench_fused_moe.py --out "$OUT/ab_${v}_$r" \
+                        --no-tune --dense-only --sglang-root /tmp/sglang_whl --sgl-kernel-site /tmp/sgl-bundle/site \
+                        --shapes ${GT_SHAPES:-qwen3-30b-a3b} --tokens ${GT_T:-32,64} \
+                        > "$OUT/ab_${v}_$r.log" 2>&1 || status=1
+                done
+            done
+            cp "$OUT/table_old.json" "$table"
+            python3 benchmarks/kernel_tables.py ab "$OUT" || status=1 ;;
         cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"
             tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
             [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
@@ -122,7 +157,7 @@ for part in $PARTS; do
             timeout -k 10 ${PROFILE_S:-150} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -60 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full extend cudaalign profile)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full extend grouptune cudaalign profile)" >&2; exit 2 ;;
     esac
 done
 exit $status

@@ -48,11 +48,16 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 UP = [GemmConfig(32, 128, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(16, 256, 4, 3),
       GemmConfig(32, 64, 4, 5), GemmConfig(64, 128, 4, 3), GemmConfig(32, 256, 4, 3),
       GemmConfig(64, 64, 4, 4), GemmConfig(16, 64, 4, 6), GemmConfig(128, 64, 4, 4),
-      GemmConfig(64, 64, 8, 5), GemmConfig(32, 128, 8, 4), GemmConfig(64, 128, 8, 3)]
+      GemmConfig(64, 64, 8, 5), GemmConfig(32, 128, 8, 4), GemmConfig(64, 128, 8, 3),
+      # SGLang 0.5.23's H200 tiles for Qwen3 at 16-64 rows (its N counts gate + up columns)
+      GemmConfig(32, 256, 4, 2), GemmConfig(32, 128, 4, 2), GemmConfig(64, 128, 4, 2),
+      GemmConfig(128, 128, 8, 2)]
 DOWN = [GemmConfig(64, 128, 4, 4), GemmConfig(32, 128, 4, 4), GemmConfig(128, 128, 4, 3),
         GemmConfig(64, 64, 4, 5), GemmConfig(64, 256, 4, 3), GemmConfig(32, 256, 4, 3),
         GemmConfig(128, 64, 4, 4), GemmConfig(16, 128, 4, 4), GemmConfig(32, 64, 4, 6),
-        GemmConfig(128, 128, 8, 4)]
+        GemmConfig(128, 128, 8, 4),
+        GemmConfig(64, 128, 4, 2), GemmConfig(64, 256, 4, 2), GemmConfig(128, 128, 4, 2),
+        GemmConfig(256, 128, 8, 2)]
 
 
 ONE_MAX_T = 32  # the one-launch structure is timed up to this T
@@ -89,8 +94,10 @@ def short(cfg: dict) -> str:
     return f"bm{cfg['block_m']}{'P' if cfg['pair_major'] else ''}{one}/up{g(cfg['up'])}/dn{g(cfg['down'])}"
 
 
-def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeConfig]:
-    """One coordinate of the tile search around cfg (one_launch: no grid order, programs per SM)."""
+def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int,
+               max_rows: int = 0) -> list[MoeConfig]:
+    """One coordinate of the tile search around cfg (one_launch: no grid order, programs per SM).
+    max_rows: the pairs of the busiest expert (0: unknown), for the row-block stage."""
     if stage == "ctas":
         return [dataclasses.replace(cfg, ctas_per_sm=c) for c in (1, 2, 3, 4)
                 if cfg.one_launch and c != cfg.ctas_per_sm]
@@ -105,9 +112,11 @@ def candidates(stage: str, cfg: MoeConfig, pairs: int, n_read: int) -> list[MoeC
                     if (d.block_n, d.block_k) != (cfg.down.block_n, cfg.down.block_k)]
         if stage == "order":
             return []
-    if stage == "bm":  # larger row blocks only where the mean pairs per expert could fill them
+    if stage == "bm":  # larger row blocks where the mean pairs per expert, or the busiest
+        # expert's (skewed routing: one block instead of several re-reading its weights), fill them
+        fill = max(2 * max(1, pairs // max(n_read, 1)), 2 * max_rows - 1)
         return [dataclasses.replace(cfg, block_m=bm) for bm in (32, 64)
-                if not cfg.pair_major and bm <= 2 * max(1, pairs // max(n_read, 1))]
+                if not cfg.pair_major and bm <= fill]
     if stage == "up":
         return [dataclasses.replace(cfg, up=dataclasses.replace(u, n_fast=cfg.up.n_fast))
                 for u in UP if (u.block_n, u.block_k, u.num_warps, u.num_stages)
@@ -167,6 +176,7 @@ def main() -> int:
                     return 0
                 try:
                     n_read = int(torch.unique(ids[ids >= 0]).numel())
+                    max_rows = int(torch.bincount(ids[ids >= 0].long().flatten(), minlength=E).max())
                     floor = n_read * 3 * H * I * 2 / (bw * 1e9) * 1e6
                     ref = fused_moe(hidden, ids, w, gus[0], dns[0], config=dataclasses.replace(
                         default_config(T, E, K), pair_major=False, one_launch=False)).float()
@@ -196,7 +206,7 @@ def main() -> int:
                         best_t = times[search]
                         trials = []
                         for stage in ("bm", "order", "ctas", "up", "down", "order", "ctas", "regs"):
-                            for c in candidates(stage, cfg, T * K, n_read):
+                            for c in candidates(stage, cfg, T * K, n_read, max_rows):
                                 t = timed(c)
                                 trials.append(dict(config=dataclasses.asdict(c), us=round(t, 2)))
                                 if t < best_t:

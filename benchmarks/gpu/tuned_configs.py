@@ -6,6 +6,8 @@ Several sweeps of one GPU merge (a later file's cell replaces an earlier one's, 
 --keep-faster the faster of them). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
 row of its shape, routing kind (dense top-k, or BASE-selected: "budget") and T. The provenance
 (GPU, commit, torch/triton, the sweep file) is copied in. kernels/moe_configs.py reads the file.
+--replace SWEEP_JSON: sweeps whose cells replace the merged rows whatever their time (a tile search
+judged by an A/B against the shipped rows on one machine, not by times of earlier machines).
 --trace: trace_moe_one.py results (variants of the shipped one-launch rows, timed at BASE budgets
 M): a variant replaces its "budget" row where it was timed in at least two of the files (every file
 when only one is given), is never more than 1 % slower than "shipped" and at least 2 % faster in the
@@ -117,15 +119,18 @@ def main() -> int:
     ap.add_argument("sweep", nargs="+")
     ap.add_argument("--keep-faster", action="store_true",
                     help="where sweeps share a cell keep the faster row (default: the later file's)")
+    ap.add_argument("--replace", nargs="*", default=[],
+                    help="sweeps whose cells replace the merged rows (see above)")
     ap.add_argument("--trace", nargs="*", default=[], help="trace_moe_one.json files (see above)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "kernels",
                                                   "configs"))
     args = ap.parse_args()
     sweeps = [json.load(open(p)) for p in args.sweep]
-    gpus = {sw.get("gpu") for sw in sweeps}
-    if any(not sw.get("cells") for sw in sweeps) or len(gpus) != 1:
-        print(f"{args.sweep}: every sweep needs cells, all of one GPU (got {sorted(map(str, gpus))})",
-              file=sys.stderr)
+    replace = [json.load(open(p)) for p in args.replace]
+    gpus = {sw.get("gpu") for sw in sweeps + replace}
+    if any(not sw.get("cells") for sw in sweeps + replace) or len(gpus) != 1:
+        print(f"{args.sweep + args.replace}: every sweep needs cells, all of one GPU "
+              f"(got {sorted(map(str, gpus))})", file=sys.stderr)
         return 2
     gpu = gpus.pop()
     merged = {"cells": [c for sw in sweeps for c in sw["cells"]]}
@@ -135,6 +140,13 @@ def main() -> int:
                                         "copy_bw_gbs": sw.get("copy_bw_gbs")}
                                        for p, sw in zip(args.sweep, sweeps)]},
              "shapes": rows_from_sweep(merged, args.keep_faster)}
+    for p, sw in zip(args.replace, replace):
+        for key, kinds in rows_from_sweep(sw).items():
+            for kind, rows in kinds.items():
+                table["shapes"].setdefault(key, {}).setdefault(kind, {}).update(rows)
+        table["provenance"]["sweeps"].append({"file": os.path.relpath(p), "commit": sw.get("commit"),
+                                              "torch": sw.get("torch"), "triton": sw.get("triton"),
+                                              "copy_bw_gbs": sw.get("copy_bw_gbs"), "replace": True})
     if args.trace:
         traces = [json.load(open(p)) for p in args.trace]
         if {t.get("gpu") for t in traces} != {gpu}:

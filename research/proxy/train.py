@@ -1,6 +1,8 @@
 """Train the proxy Qwen3-MoE model from scratch inside one time budget (one 10-minute device call).
 
-bf16 model + fp32 master weights and AdamW state; time-based warmup-stable-decay schedule;
+bf16 model + fp32 master weights and AdamW state; warmup-stable-decay schedule over the time budget
+(default) or over a fixed number of steps (`--schedule steps --steps N`: the same run on any GPU that
+finishes N steps inside the budget);
 CE + per-layer Switch balance loss; `torch.compile` of forward + losses with eager fallback;
 all token ids resident on the device. At the end: held-out CE / perplexity, per-layer routing
 statistics, a bf16 `save_pretrained` checkpoint with tokenizer files, metrics.json.
@@ -206,7 +208,8 @@ class MasterAdamW:
 
 
 def lr_at(step: int, progress: float, peak: float, warmup: int, decay_frac: float, floor: float) -> float:
-    """Warmup (by steps), then flat, then linear decay to floor*peak over the last decay_frac of time."""
+    """Warmup (by steps), then flat, then linear decay to floor*peak over the last decay_frac of the
+    run; progress in [0, 1] is the share of the time budget used or of the scheduled steps done."""
     warm = min(1.0, (step + 1) / max(1, warmup))
     if progress <= 1.0 - decay_frac:
         return peak * warm
@@ -349,6 +352,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds from process start to be done by")
     ap.add_argument("--reserve", type=float, default=70.0, help="seconds kept for eval + save")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: time only)")
+    ap.add_argument("--schedule", default="time", choices=["time", "steps"],
+                    help="LR decay by the share of the time budget used (time) or of --steps done "
+                         "(steps: the same run on any GPU, as long as the budget lets --steps finish)")
     ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
@@ -364,6 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if a.budget <= 0 or a.deadline <= 0:
         ap.error("--budget and --deadline must be positive")
+    if a.schedule == "steps" and a.steps <= 0:
+        ap.error("--schedule steps needs --steps > 0")
     if not 0 < a.decay_frac <= 1 or not 0 <= a.lr_floor <= 1:
         ap.error("--decay-frac must be in (0, 1], --lr-floor in [0, 1]")
     for f in ("train.u16.xz", "val.u16", "index.json"):
@@ -440,7 +448,8 @@ def main(argv: list[str] | None = None) -> dict:
         elapsed = time.time() - t_start
         if elapsed >= budget or (a.steps and step >= a.steps):
             break
-        lr = lr_at(step, elapsed / budget, a.lr, a.warmup, a.decay_frac, a.lr_floor)
+        progress = step / a.steps if a.schedule == "steps" else elapsed / budget
+        lr = lr_at(step, progress, a.lr, a.warmup, a.decay_frac, a.lr_floor)
         try:
             loss, ce, bal, norm = run_step(step_fn, step, lr)
         except Exception as exc:  # noqa: BLE001 - keep what was trained so far
@@ -468,6 +477,10 @@ def main(argv: list[str] | None = None) -> dict:
     final_ce = (run_ce / n_run).item() if n_run else (hist[-1]["ce"] if hist else first_loss)
     log(f"trained {step} steps, {tokens / 1e6:.1f}M tokens in {train_s:.1f}s "
         f"({(tokens - a.batch * a.seq) / max(train_s, 1e-9) / 1e6:.2f}M tok/s after step 0)")
+    schedule_done = a.schedule == "time" or step >= a.steps
+    if not schedule_done:
+        log(f"WARNING: the time budget ended the step schedule at {step} of {a.steps} steps; "
+            "this checkpoint is not the scheduled run")
 
     model.eval()
     save(model, a.out, tok_dir)  # first, so that a failing evaluation cannot lose the weights
@@ -504,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict:
         "params_active": n_active, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "transformers": transformers.__version__, "dtype": str(dtype),
         "compiled": compiled, "first_step_s": round(first_step_s, 2), "first_ce": first_loss,
-        "steps": step, "tokens": tokens, "train_s": round(train_s, 1), "final_train_ce": final_ce,
+        "steps": step, "schedule": a.schedule, "schedule_done": schedule_done, "tokens": tokens, "train_s": round(train_s, 1), "final_train_ce": final_ce,
         "tokens_per_s": round((tokens - a.batch * a.seq) / max(train_s, 1e-9)),
         "epochs": tokens / len(train_ids), "mix": sampler.mix(), "history": hist,
         "train_error": train_error, "args": vars(a), "wall_s": round(time.time() - T_PROCESS, 1),

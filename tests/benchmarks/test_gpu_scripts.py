@@ -530,6 +530,53 @@ def test_sweep_moe_register_stage_pairs_caps_with_programs():
     assert "R" not in sweep.short(dataclasses.asdict(one)).split("/")[0]
 
 
+def test_sweep_moe_row_blocks_follow_the_busiest_expert():
+    sweep = importlib.import_module("sweep_moe")
+    from base_sglang.kernels.fused_moe import MoeConfig
+
+    def bms(pairs, n_read, max_rows=0, cfg=None):
+        return sorted(c.block_m for c in sweep.candidates("bm", cfg or MoeConfig(), pairs, n_read, max_rows))
+
+    assert bms(512, 59) == []  # Qwen3 T = 64, skewed: 8 pairs per expert on average
+    assert bms(512, 59, max_rows=44) == [32, 64]  # but the busiest has 44: 3 blocks of 16
+    assert bms(256, 59, max_rows=20) == [32]
+    assert bms(256, 59, max_rows=9) == []  # one block of 16 holds it
+    assert bms(128, 8) == [32]  # the mean rule alone, as before
+    assert bms(512, 59, 44, MoeConfig(pair_major=True)) == []
+
+
+def _sweep_file(path, us, block_n):
+    from base_sglang.kernels.fused_moe import MoeConfig
+    from base_sglang.kernels.moe_gemm import GemmConfig
+
+    cfg = dataclasses.asdict(MoeConfig(up=GemmConfig(block_n, 256, 4, 3)))
+    cell = dict(shape="qwen3-30b-a3b", T=32, routing="dense", experts_read=59, floor_us=132.0,
+                structures={"grouped": us + 5}, best_structure="grouped", tuned=cfg, tuned_us=us)
+    path.write_text(json.dumps({"gpu": "NVIDIA H200", "commit": "abc", "cells": [cell]}))
+    return str(path)
+
+
+def test_tuned_configs_replace_overrides_the_faster_row(tmp_path, monkeypatch):
+    tc = importlib.import_module("tuned_configs")
+    a = _sweep_file(tmp_path / "a.json", 150.0, 32)
+    b = _sweep_file(tmp_path / "b.json", 152.0, 64)  # slower on its own machine
+    key = "E=128,H=2048,I=768,K=8"
+
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["tuned_configs.py", *argv, "--out", str(tmp_path / "o")])
+        assert tc.main() == 0
+        return json.loads((tmp_path / "o" / "NVIDIA_H200.json").read_text())
+
+    assert run("--keep-faster", a, b)["shapes"][key]["dense"]["32"]["up"]["block_n"] == 32
+    t = run("--keep-faster", a, "--replace", b)
+    assert t["shapes"][key]["dense"]["32"]["up"]["block_n"] == 64
+    assert t["shapes"][key]["dense"]["32"]["us"] == 152.0
+    assert [s.get("replace", False) for s in t["provenance"]["sweeps"]] == [False, True]
+    monkeypatch.setattr(sys, "argv", ["tuned_configs.py", a, "--replace", str(tmp_path / "o" / "NVIDIA_H200.json"),
+                                      "--out", str(tmp_path / "o2")])
+    assert tc.main() == 2  # a table is not a sweep (no cells): refused
+
+
 # ---- tuned_configs --trace: trace variants adopted into the budget rows -----------------------------
 def test_tuned_configs_adopts_trace_variants_by_rule():
     tc = importlib.import_module("tuned_configs")

@@ -221,3 +221,27 @@ def test_trace_experts_table(tmp_path):
     out = _run("trace_experts", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[2:] == ["| 16 | 2 | p=1 | 1 | 9.0 6.7 | 14.0 11.6 | 14.0 |"]
+
+
+def test_ab_table_medians_over_rounds_and_sglang_of_every_run(tmp_path):
+    def row(ours, cuda):
+        r = _moe_row("qwen3-30b-a3b", 64, "dense", ours, cuda + 5.0)
+        r["sglang_cuda_align_us"] = cuda
+        return r
+
+    times = {("old", 1): (168.0, 167.0), ("new", 1): (160.0, 166.0), ("old", 2): (170.0, 168.0),
+             ("new", 2): (161.0, 169.0)}
+    for (v, k), (ours, cuda) in times.items():
+        d = tmp_path / f"ab_{v}_{k}"
+        d.mkdir()
+        rows = [row(ours, cuda), _moe_row("qwen3-30b-a3b", 64, 16, 70.0, 71.0)]  # a BASE row: ignored
+        (d / "fused_moe.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "ab_new_x").mkdir()  # not a round: ignored
+    out = _run("ab", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("| qwen3")][0]
+    # medians: old 169.0, new 160.5, SGLang 167.5 (of 167, 166, 168, 169)
+    assert line == ("| qwen3-30b-a3b | 64 | 8 | 168.0 / 160.0 / 167.0 166.0 | 170.0 / 161.0 / 168.0 169.0 "
+                    "| 169.0 | 160.5 | 167.5 | 0.950 | 0.958 | 1.009 |")
+    cell = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
+    assert cell["old_us"] == [168.0, 170.0] and cell["sglang_us"] == [167.0, 166.0, 168.0, 169.0]

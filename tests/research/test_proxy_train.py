@@ -151,3 +151,29 @@ def test_html_to_text_keeps_main_content_and_pre():
     # runs of spaces collapse, source line breaks inside a paragraph stay, <pre> is verbatim
     assert text == "Title\n\nSome bold\ntext.\n\ndef f():\n        return 1\n\none\n\ntwo\n"
     assert html_to_text(b"   ") == ""
+
+
+def test_step_schedule_is_the_same_run_twice(data_dir, tmp_path):
+    """--schedule steps: the LR follows the step count (not the clock), so two runs are one run."""
+    args = ["--data", str(data_dir), "--config", "tiny", "--device", "cpu", "--batch", "4", "--seq", "16",
+            "--steps", "12", "--schedule", "steps", "--warmup", "2", "--decay-frac", "0.5",
+            "--log-every", "2", "--eval-batch", "4", "--eval-tokens", "64", "--union-len", "8",
+            "--compile", "off", "--budget", "900", "--deadline", "1200", "--reserve", "10"]
+    a = train.main(args + ["--out", str(tmp_path / "a")])
+    b = train.main(args + ["--out", str(tmp_path / "b")])
+    assert a["steps"] == 12 and a["schedule"] == "steps" and a["schedule_done"] is True
+    for h in a["history"]:  # logged at steps 2, 4, ..., 12 with the lr of the step before
+        assert h["lr"] == pytest.approx(train.lr_at(h["step"] - 1, (h["step"] - 1) / 12, 2e-3, 2, 0.5, 0.1))
+    assert a["history"][-1]["lr"] < a["history"][0]["lr"]  # decayed by the last steps
+    assert [h["ce"] for h in a["history"]] == [h["ce"] for h in b["history"]]
+    assert a["heldout_ce"] == b["heldout_ce"]
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_step_schedule_needs_steps(data_dir, tmp_path):
+    with pytest.raises(SystemExit):
+        train.main(["--data", str(data_dir), "--out", str(tmp_path / "o"), "--config", "tiny",
+                    "--device", "cpu", "--schedule", "steps"])
