@@ -29,6 +29,10 @@
 #      then GT_ROUNDS (3) rounds of bench_fused_moe.py --no-tune --dense-only with the shipped table
 #      and the new one in turn, SGLang with its CUDA align inside each run
 #                    -> OUT/g/sweep_moe.json, OUT/table_{old,new}.json, OUT/ab_{old,new}_R/, ab.json
+#   densegrid (only when named; carry the wheel tarball and the bundle as for cudaalign): DG_ROUNDS (3)
+#      rounds of bench_fused_moe.py --no-tune --dense-only, three shapes, T = DG_T (1..64), the shipped
+#      table, SGLang with its CUDA align inside each run, DG_S seconds a round; medians over rounds
+#                                                           -> OUT/ab_old_R/fused_moe.json, OUT/ab.json
 #   trace (only when named): gpu/trace_moe_one.py, the one-launch layer's in-kernel timeline
 #      (%globaltimer per unit) with the shipped tiles or variants of them, timed and checked
 #      (TRACE_SHAPES, TRACE_T, TRACE_M, TRACE_VARIANTS, TRACE_ONLY, TRACE_S) -> OUT/trace_moe_one.json
@@ -143,6 +147,17 @@ print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--tr
             done
             cp "$OUT/table_old.json" "$table"
             python3 benchmarks/kernel_tables.py ab "$OUT" || status=1 ;;
+        densegrid) echo "=== dense MoE layer against SGLang with its CUDA align inside, ${DG_ROUNDS:-3} rounds"
+            tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
+            [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
+                BUNDLE_CHECK=off bash benchmarks/gpu/install_bundle.sh "$tarball" > "$OUT/bundle.log" 2>&1 || status=1
+            unpack_sglang_wheel
+            for r in $(seq 1 ${DG_ROUNDS:-3}); do
+                timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py --out "$OUT/ab_old_$r" \
+                    --no-tune --dense-only --sglang-root /tmp/sglang_whl --sgl-kernel-site /tmp/sgl-bundle/site \
+                    --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/ab_old_$r.log" 2>&1 || status=1
+            done
+            python3 benchmarks/kernel_tables.py ab "$OUT" || status=1 ;;
         cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"
             tarball=$(ls .device_carry/*.tar.xz 2>/dev/null | head -1 || true)
             [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
@@ -157,7 +172,7 @@ print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--tr
             timeout -k 10 ${PROFILE_S:-150} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -60 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full extend grouptune cudaalign profile)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check pytest sweep bench full extend grouptune densegrid cudaalign profile)" >&2; exit 2 ;;
     esac
 done
 exit $status
