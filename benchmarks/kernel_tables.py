@@ -103,40 +103,49 @@ def _sglang_us(r: dict) -> float:
 
 
 def ab_table(folder: str) -> str:
-    """Shipped (old) against new table, dense rows, per round; SGLang from every run of the round."""
+    """Shipped (old) against new table, dense rows, per round; SGLang from every run of the round.
+
+    Folders with only `ab_old_R` rounds (the densegrid part) get the old / SGLang columns only."""
     import statistics
 
     runs: dict[tuple, dict] = {}  # (shape, T) -> {(variant, round): row}
-    rounds = set()
+    rounds, variants = set(), set()
     for name in sorted(os.listdir(folder)):
         m = re.fullmatch(r"ab_(old|new)_(\d+)", name)
         path = os.path.join(folder, name, "fused_moe.json")
         if not m or not os.path.isfile(path):
             continue
         rounds.add(int(m.group(2)))
+        variants.add(m.group(1))
         for r in json.load(open(path))["rows"]:
             if r["M"] == "dense":
                 runs.setdefault((r["shape"], r["T"]), {})[(m.group(1), int(m.group(2)))] = r
-    rs = sorted(rounds)
-    out = ["| shape | T | experts read | " + " | ".join(f"r{k}: old / new / SGLang µs" for k in rs)
-           + " | median old | median new | median SGLang | new / old | new / SGLang | old / SGLang |",
-           "|---|---:|---:|" + "---|" * len(rs) + "---:|---:|---:|---:|---:|---:|"]
+    rs, vs = sorted(rounds), [v for v in ("old", "new") if v in variants]
+    head = " / ".join(vs + ["SGLang"])
+    ratios = (["new / old", "new / SGLang", "old / SGLang"] if len(vs) == 2 else [f"{v} / SGLang" for v in vs])
+    out = ["| shape | T | experts read | " + " | ".join(f"r{k}: {head} µs" for k in rs)
+           + "".join(f" | median {v}" for v in vs) + " | median SGLang | " + " | ".join(ratios) + " |",
+           "|---|---:|---:|" + "---|" * len(rs) + "---:|" * (len(vs) + 1 + len(ratios))]
     summary = []
     for (shape, T), by in sorted(runs.items()):
-        cells, old, new, sgl = [], [], [], []
+        cells, us, sgl = [], {v: [] for v in vs}, []
         for k in rs:
-            o, n = by.get(("old", k)), by.get(("new", k))
-            cells.append(" / ".join(f"{x['ours_us']:.1f}" if x else "-" for x in (o, n))
-                         + " / " + " ".join(f"{_sglang_us(x):.1f}" for x in (o, n) if x))
-            old += [o["ours_us"]] if o else []
-            new += [n["ours_us"]] if n else []
-            sgl += [_sglang_us(x) for x in (o, n) if x]
-        mo, mn, ms = (statistics.median(v) if v else float("nan") for v in (old, new, sgl))
+            got = {v: by.get((v, k)) for v in vs}
+            cells.append(" / ".join(f"{x['ours_us']:.1f}" if x else "-" for x in got.values())
+                         + " / " + " ".join(f"{_sglang_us(x):.1f}" for x in got.values() if x))
+            for v, x in got.items():
+                us[v] += [x["ours_us"]] if x else []
+            sgl += [_sglang_us(x) for x in got.values() if x]
+        med = {v: statistics.median(x) if x else float("nan") for v, x in us.items()}
+        ms = statistics.median(sgl) if sgl else float("nan")
+        vals = ([med["new"] / med["old"], med["new"] / ms, med["old"] / ms] if len(vs) == 2
+                else [med[v] / ms for v in vs])
         read = next(iter(by.values()))["experts_read"]
         out.append(f"| {shape} | {T} | {read} | " + " | ".join(cells)
-                   + f" | {mo:.1f} | {mn:.1f} | {ms:.1f} | {mn / mo:.3f} | {mn / ms:.3f} | {mo / ms:.3f} |")
-        summary.append(dict(shape=shape, T=T, experts_read=read, old_us=old, new_us=new, sglang_us=sgl,
-                            median_old=mo, median_new=mn, median_sglang=ms))
+                   + "".join(f" | {med[v]:.1f}" for v in vs) + f" | {ms:.1f} | "
+                   + " | ".join(f"{x:.3f}" for x in vals) + " |")
+        summary.append(dict(shape=shape, T=T, experts_read=read, **{f"{v}_us": us[v] for v in vs}, sglang_us=sgl,
+                            **{f"median_{v}": med[v] for v in vs}, median_sglang=ms))
     with open(os.path.join(folder, "ab.json"), "w") as f:
         json.dump({"cells": summary}, f, indent=1)
     return "\n".join(out)

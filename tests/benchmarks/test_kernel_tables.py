@@ -245,3 +245,19 @@ def test_ab_table_medians_over_rounds_and_sglang_of_every_run(tmp_path):
                     "| 169.0 | 160.5 | 167.5 | 0.950 | 0.958 | 1.009 |")
     cell = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
     assert cell["old_us"] == [168.0, 170.0] and cell["sglang_us"] == [167.0, 166.0, 168.0, 169.0]
+
+
+def test_ab_table_with_old_rounds_only_has_no_new_columns(tmp_path):
+    for k, (ours, cuda) in {1: (27.0, 33.0), 2: (28.0, 34.0), 3: (26.0, 32.0)}.items():
+        r = _moe_row("qwen3-30b-a3b", 1, "dense", ours, cuda + 5.0)
+        r["sglang_cuda_align_us"] = cuda
+        d = tmp_path / f"ab_old_{k}"
+        d.mkdir()
+        (d / "fused_moe.json").write_text(json.dumps({"rows": [r]}))
+    out = _run("ab", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "new" not in lines[0] and lines[0].endswith("| median old | median SGLang | old / SGLang |")
+    assert lines[2] == "| qwen3-30b-a3b | 1 | 8 | 27.0 / 33.0 | 28.0 / 34.0 | 26.0 / 32.0 | 27.0 | 33.0 | 0.818 |"
+    cell = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
+    assert "median_new" not in cell and cell["median_old"] == 27.0 and cell["median_sglang"] == 33.0
