@@ -4,7 +4,9 @@
 #      == the fp32 reference at three shapes, graph replays == eager, two streams, base_sched in both
 #      selection kernels                                             -> OUT/checks.json, check_moe.log
 #   2. tests/kernels on CUDA, or PYTEST_PATHS (and the base_score strided test alone), PYTEST_S seconds
-#      (default 150)                                                    -> OUT/pytest.log
+#      (default 150); with .device_carry/wheels carried (pytest-xdist, execnet), PYTEST_N workers (14):
+#      the whole folder then takes about 70 s (get them with `pip download --no-deps -d
+#      .device_carry/wheels pytest-xdist==3.8.0 execnet==2.1.2`, carry .device_carry/wheels) -> OUT/pytest.log
 #   3. gpu/sweep_moe.py: grouped / pair-major / one-launch per (shape, T, routing), then a tile
 #      search on the fastest (SWEEP_SHAPES, SWEEP_T, SWEEP_TILE_T, SWEEP_S) -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
@@ -54,8 +56,13 @@ for part in $PARTS; do
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
         pytest) echo "=== tests/kernels on CUDA"
+            xdist=""
+            if ls .device_carry/wheels/pytest_xdist-*.whl >/dev/null 2>&1; then  # the device has pytest, not xdist
+                pip install -q --no-deps --no-index .device_carry/wheels/*.whl > "$OUT/xdist.log" 2>&1 \
+                    && xdist="-n ${PYTEST_N:-14}"
+            fi
             (cd "${PKG:-$ROOT}" && timeout -k 10 ${PYTEST_S:-150} python3 -m pytest -q -rfE -p no:cacheprovider \
-                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" ${PYTEST_PATHS:-$ROOT/tests/kernels} \
+                --rootdir="$ROOT" -c "$ROOT/pyproject.toml" $xdist ${PYTEST_PATHS:-$ROOT/tests/kernels} \
                 > "$OUT/pytest.log" 2>&1) || status=1
             (cd "${PKG:-$ROOT}" && timeout -k 10 40 python3 -m pytest -q -x -p no:cacheprovider \
                 --rootdir="$ROOT" -c "$ROOT/pyproject.toml" \
