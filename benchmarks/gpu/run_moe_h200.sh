@@ -7,6 +7,9 @@
 #      (default 150); with .device_carry/wheels carried (pytest-xdist, execnet), PYTEST_N workers (14):
 #      the whole folder then takes about 70 s (get them with `pip download --no-deps -d
 #      .device_carry/wheels pytest-xdist==3.8.0 execnet==2.1.2`, carry .device_carry/wheels) -> OUT/pytest.log
+#   checkall (only when named): every check_kernels_gpu.py group (default, moe, route, compact, split)
+#      at once, one process per (group, shape) (CHECKALL_GROUPS "group:shape ..."), CHECKALL_S seconds
+#      each (480); PASS/FAIL counted from each log                       -> OUT/all/*.log, summary.txt
 #   3. gpu/sweep_moe.py: grouped / pair-major / one-launch per (shape, T, routing), then a tile
 #      search on the fastest (SWEEP_SHAPES, SWEEP_T, SWEEP_TILE_T, SWEEP_S) -> OUT/sweep_moe.json, sweep.log
 #   4. bench_fused_moe.py at T = 1, 8 (Qwen3) with SGLang's Triton align timed -> OUT/fused_moe.{csv,json}
@@ -55,6 +58,24 @@ for part in $PARTS; do
             timeout -k 10 ${CHECK_S:-120} python3 benchmarks/check_kernels_gpu.py --only moe --out "$OUT" ${CHECK_ARGS:-} \
                 > "$OUT/check_moe.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/check_moe.log" | cut -c1-200 | tail -12 ;;
+        checkall) echo "=== every check_kernels_gpu.py group at once, a process per (group, shape)"
+            mkdir -p "$OUT/all"
+            for g in ${CHECKALL_GROUPS:-default:qwen3-30b-a3b default:olmoe-1b-7b default:mixtral-8x7b \
+                     moe:qwen3-30b-a3b moe:olmoe-1b-7b moe:mixtral-8x7b route:qwen3-30b-a3b route:olmoe-1b-7b \
+                     route:mixtral-8x7b compact: split:qwen3-30b-a3b split:olmoe-1b-7b split:mixtral-8x7b}; do
+                only=${g%%:*}; shape=${g#*:}; args=""
+                [ "$only" != default ] && args="--only $only"
+                [ -n "$shape" ] && args="$args --shapes $shape"
+                timeout -k 10 ${CHECKALL_S:-480} python3 benchmarks/check_kernels_gpu.py $args \
+                    --out "$OUT/all/${only}_${shape:-all}" > "$OUT/all/${only}_${shape:-all}.log" 2>&1 &
+            done
+            wait
+            for f in "$OUT"/all/*.log; do  # a killed process writes no checks.json: count its printed lines
+                printf "%-28s %4s passed %3s failed %s\n" "$(basename "$f" .log)" "$(grep -c '^PASS' "$f")" \
+                    "$(grep -c '^FAIL' "$f")" "$(grep -q 'checks passed' "$f" && echo done || echo 'NOT FINISHED')"
+            done | tee "$OUT/all/summary.txt"
+            grep -h '^FAIL' "$OUT"/all/*.log | cut -c1-200 | head -20
+            ! grep -q -E 'NOT FINISHED| [1-9][0-9]* failed' "$OUT/all/summary.txt" || status=1 ;;
         pytest) echo "=== tests/kernels on CUDA"
             xdist=""
             if ls .device_carry/wheels/pytest_xdist-*.whl >/dev/null 2>&1; then  # the device has pytest, not xdist
@@ -179,7 +200,7 @@ print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--tr
             timeout -k 10 ${PROFILE_S:-150} python3 benchmarks/gpu/profile_moe.py --out "$OUT" \
                 > "$OUT/profile.log" 2>&1 || status=1
             grep -v -i warn "$OUT/profile.log" | cut -c1-140 | tail -60 ;;
-        *) echo "unknown part '$part' (check pytest sweep bench full extend grouptune densegrid cudaalign profile)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check checkall pytest sweep bench full extend grouptune densegrid cudaalign profile)" >&2; exit 2 ;;
     esac
 done
 exit $status
