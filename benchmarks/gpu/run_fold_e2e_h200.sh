@@ -3,7 +3,9 @@
 # plugin setting against another, one run after the other in one call; B = 1, 8 and 16, budgets
 # dense, 16 and 4 (at B = 1 only 4 drops anything: top-8 routing). By default the folded router
 # (BASE_FOLD=auto: the predictor stacked under each gate, plugin/fold.py) against BASE_FOLD=off;
-# run_moe_e2e_h200.sh sets E2E_VAR=BASE_MOE (our fused MoE against SGLang's).
+# run_moe_e2e_h200.sh sets E2E_VAR=BASE_MOE (our fused MoE against SGLang's). E2E_BATCHES and
+# E2E_BUDGETS replace the batch sizes and budgets (e.g. E2E_VAR=BASE_MOE_ALIGN E2E_VALUES="auto scan"
+# E2E_NAMES="e2e_new e2e_old" E2E_BATCHES="16 32 64" E2E_BUDGETS="dense 16": the sort align against the scan).
 #   -> OUT/<name>/summary.json and OUT/<name>.log per run (E2E_NAMES: e2e_fold e2e_nofold)
 #   bash benchmarks/gpu/run_fold_e2e_h200.sh   (repo root; carry .device_carry/*.tar.xz; proxy
 #                                               weights stay home: device-slim on)
@@ -27,7 +29,7 @@ for i in "${!values[@]}"; do
     name=${names[$i]}
     log "=== SGLang decode, $var=${values[$i]} ($name)"
     decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-230}" "$var=${values[$i]}" -- --profile-batch 0 \
-        --batches 1 8 16 --budgets dense 16 4 --time-budget "${DECODE_BUDGET_S:-140}" || status=1
+        --batches ${E2E_BATCHES:-1 8 16} --budgets ${E2E_BUDGETS:-dense 16 4} --time-budget "${DECODE_BUDGET_S:-140}" || status=1
     grep -E "folded into|fused MoE|^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | cut -c1-200 | tail -12 || true
 done
 exit $status

@@ -36,7 +36,9 @@
 #                    -> OUT/g/sweep_moe.json, OUT/table_{old,new}.json, OUT/ab_{old,new}_R/, ab.json
 #   densegrid (only when named; carry the wheel tarball and the bundle as for cudaalign): DG_ROUNDS (3)
 #      rounds of bench_fused_moe.py --no-tune --dense-only, three shapes, T = DG_T (1..64), the shipped
-#      table, SGLang with its CUDA align inside each run, DG_S seconds a round; medians over rounds
+#      table, SGLang with its CUDA align inside each run, DG_S seconds a round; medians over rounds;
+#      DG_SHAPES narrows the shapes; DG_NEW_ENV="VAR=value ..." adds the same run under those settings
+#      to each round (OUT/ab_new_R: e.g. BASE_MOE_ALIGN=sort)
 #                                                           -> OUT/ab_old_R/fused_moe.json, OUT/ab.json
 #   trace (only when named): gpu/trace_moe_one.py, the one-launch layer's in-kernel timeline
 #      (%globaltimer per unit) with the shipped tiles or variants of them, timed and checked
@@ -183,7 +185,14 @@ print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--tr
             for r in $(seq 1 ${DG_ROUNDS:-3}); do
                 timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py --out "$OUT/ab_old_$r" \
                     --no-tune --dense-only --sglang-root /tmp/sglang_whl --sgl-kernel-site /tmp/sgl-bundle/site \
+                    --shapes ${DG_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
                     --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/ab_old_$r.log" 2>&1 || status=1
+                if [ -n "${DG_NEW_ENV:-}" ]; then  # the same run under these VAR=value settings
+                    env $DG_NEW_ENV timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py \
+                        --out "$OUT/ab_new_$r" --no-tune --dense-only --sglang-root /tmp/sglang_whl \
+                        --sgl-kernel-site /tmp/sgl-bundle/site --shapes ${DG_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
+                        --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/ab_new_$r.log" 2>&1 || status=1
+                fi
             done
             python3 benchmarks/kernel_tables.py ab "$OUT" || status=1 ;;
         cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"

@@ -1,5 +1,6 @@
 """fused_moe (align + gated GEMM + down GEMM + combine) == core moe_forward_ref; dropped experts unread."""
 
+import os
 import subprocess
 import sys
 
@@ -88,6 +89,37 @@ def test_align_lists_exactly_the_kept_pairs():
     n = int(b.num_blocks)
     assert n == 3 and sorted(b.block_expert[:n].tolist()) == [0, 3, 5]
     assert b.block_row[:n].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("T,K,E,block_m", [(4, 2, 6, 16), (16, 8, 128, 16), (33, 8, 64, 32), (5, 2, 8, 64), (1, 8, 128, 16)])
+def test_sort_align_equals_scan_align(T, K, E, block_m):
+    g = torch.Generator().manual_seed(T * 131 + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+    ids[torch.rand(T, K, generator=g) < 0.3] = -1
+    ids = ids.to(DEVICE)
+    a, b = moe_align(ids, E, block_m, sort=False), moe_align(ids, E, block_m, sort=True)
+    assert torch.equal(a.counts, b.counts) and int(a.counts.sum()) == int((ids >= 0).sum())
+    for e in range(E):  # rows past counts[e] are never read, so only the listed rows must agree
+        c = int(a.counts[e])
+        assert torch.equal(a.pair_list[e, :c], b.pair_list[e, :c]), e
+    n = int(a.num_blocks)
+    assert n == int(b.num_blocks)
+    assert torch.equal(a.block_expert[:n], b.block_expert[:n]) and torch.equal(a.block_row[:n], b.block_row[:n])
+
+
+def test_align_mode_picks_the_sort_for_many_experts_and_bounded_pairs():
+    from base_sglang.kernels.moe_align import SORT_MAX_PAIRS, use_sort
+
+    assert use_sort(64 * 8, 128, "auto") and use_sort(16 * 4, 16, "auto")
+    assert not use_sort(16 * 2, 8, "auto") and use_sort(16 * 2, 8, "sort")  # Mixtral: scan unless asked
+    assert not use_sort(SORT_MAX_PAIRS + 1, 128, "sort") and not use_sort(64, 128, "scan")
+
+
+def test_a_bad_align_mode_is_refused_naming_the_variable():
+    code = "import base_sglang.kernels.moe_align"
+    env = {**os.environ, "BASE_MOE_ALIGN": "radix"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "BASE_MOE_ALIGN" in r.stderr and "radix" in r.stderr
 
 
 def test_contract_errors():
