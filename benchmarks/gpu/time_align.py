@@ -9,6 +9,7 @@ replays, PDL as shipped).                                          -> DIR/align.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -47,8 +48,8 @@ def main() -> int:
                     ids[(torch.rand(ids.shape, generator=g) < drop).to(ids.device)] = -1
                 bm = 16
                 ok = same(moe_align(ids, s["E"], bm, sort=False), moe_align(ids, s["E"], bm, sort=True))
-                scan = graph_time_us(lambda: moe_align(ids, s["E"], bm, sort=False))
-                srt = graph_time_us(lambda: moe_align(ids, s["E"], bm, sort=True))
+                scan = graph_time_us(functools.partial(moe_align, ids, s["E"], bm, sort=False))
+                srt = graph_time_us(functools.partial(moe_align, ids, s["E"], bm, sort=True))
                 rows.append(dict(shape=shape, T=T, drop=drop, scan_us=round(scan, 2), sort_us=round(srt, 2),
                                  sort_over_scan=round(srt / scan, 3), equal=ok))
                 print(f"{shape:15s} {T:4d} {drop:5.1f} {scan:8.2f} {srt:8.2f} {srt / scan:9.3f} {ok}")
