@@ -158,7 +158,7 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int, *, sort: bool |
         return out
     block_e = triton.next_power_of_2(E)
     pdl = use_pdl(dev)
-    if use_sort(P, E) if sort is None else (sort and P <= SORT_MAX_PAIRS):
+    if use_sort(P, E, ALIGN_MODE if sort is None else "sort" if sort else "scan"):
         block_p = max(16, triton.next_power_of_2(P))
         _moe_align_sort_kernel[(1,)](
             ids, out.pair_list, out.counts, out.block_expert, out.block_row, out.num_blocks, P,

@@ -182,17 +182,16 @@ print(' '.join([s['file'] for s in p['sweeps'] if not s.get('replace')] + ['--tr
             [ -f /tmp/sgl-bundle/site/sgl_kernel/__init__.py ] || [ -z "$tarball" ] || \
                 BUNDLE_CHECK=off bash benchmarks/gpu/install_bundle.sh "$tarball" > "$OUT/bundle.log" 2>&1 || status=1
             unpack_sglang_wheel
-            for r in $(seq 1 ${DG_ROUNDS:-3}); do
-                timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py --out "$OUT/ab_old_$r" \
+            dg_run() {  # dg_run NAME [VAR=value ...]: one dense-only run under those settings
+                local name=$1; shift
+                env "$@" timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py --out "$OUT/$name" \
                     --no-tune --dense-only --sglang-root /tmp/sglang_whl --sgl-kernel-site /tmp/sgl-bundle/site \
                     --shapes ${DG_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
-                    --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/ab_old_$r.log" 2>&1 || status=1
-                if [ -n "${DG_NEW_ENV:-}" ]; then  # the same run under these VAR=value settings
-                    env $DG_NEW_ENV timeout -k 10 ${DG_S:-150} python3 benchmarks/bench_fused_moe.py \
-                        --out "$OUT/ab_new_$r" --no-tune --dense-only --sglang-root /tmp/sglang_whl \
-                        --sgl-kernel-site /tmp/sgl-bundle/site --shapes ${DG_SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
-                        --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/ab_new_$r.log" 2>&1 || status=1
-                fi
+                    --tokens ${DG_T:-1,2,4,8,16,32,64} > "$OUT/$name.log" 2>&1 || status=1
+            }
+            for r in $(seq 1 ${DG_ROUNDS:-3}); do
+                dg_run "ab_old_$r"
+                [ -z "${DG_NEW_ENV:-}" ] || dg_run "ab_new_$r" $DG_NEW_ENV
             done
             python3 benchmarks/kernel_tables.py ab "$OUT" || status=1 ;;
         cudaalign) echo "=== dense MoE layer with SGLang's CUDA align (sgl_kernel) inside its time"
