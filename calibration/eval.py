@@ -110,12 +110,13 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from base_sglang.calibration.decode_eval import EnergyProbe, run_batch
-    from base_sglang.calibration.report import environment, table, write_outputs
+    from base_sglang.calibration.report import environment, table, write_outputs, write_tokens
     from base_sglang.calibration.sweep import (
         build_settings,
         check_targets,
         default_budgets,
         summarize,
+        token_increase,
     )
     from base_sglang.core import Predictor
     from base_sglang.core.predictor import describe_model_config
@@ -150,6 +151,7 @@ def run(args) -> int:
         dense.append(run_batch(model, patch, b, args.prefix, args.steps, dense_setting, probe,
                                keep_logp=True))
     rows.append(summarize(dense_setting, dense, dense, time.time() - td))
+    tokens = {}  # setting name -> [N] per-token increase (paired comparisons)
     union = rows[0]["union"]
     budgets = sorted(set(args.budgets)) if args.budgets else default_budgets(E, K, union)
     if any(not 1 <= m for m in budgets):
@@ -165,11 +167,13 @@ def run(args) -> int:
         traces = [run_batch(model, patch, b, args.prefix, args.steps, s, probe, ref_logp=d.logp)
                   for b, d in zip(batches, dense)]
         rows.append(summarize(s, traces, dense, time.time() - ts))
+        tokens[s.name] = token_increase(traces, dense)
     patch.remove()
     if probe is not None:
         probe.remove()
 
-    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None, top_k=K)
+    checks = check_targets(rows, half_m, predictor.meta.fit_stats if predictor else None, top_k=K,
+                           tokens=tokens)
     meta = {
         "model": Path(args.model).resolve().name, "predictor": Path(args.predictor).name if args.predictor else None,
         "data": Path(args.data).name, "command": "base-eval " + " ".join(args.argv),
@@ -188,7 +192,7 @@ def run(args) -> int:
         **environment(),
     }
     print(table(rows))
-    paths = write_outputs(args.out, rows, meta, checks)
+    paths = write_outputs(args.out, rows, meta, checks) + [write_tokens(args.out, tokens)]
     print(_checks_text(checks))
     print("wrote " + ", ".join(str(p) for p in paths) + f" in {time.time() - t0:.0f} s")
     return 0

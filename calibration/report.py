@@ -82,6 +82,32 @@ def write_outputs(out: str | Path, rows: list[dict], meta: dict, checks: dict) -
     return paths + ([png] if png else [])
 
 
+def tokens_path(out: str | Path) -> Path:
+    """Where the per-token increases of a result stem (or its .json) live: STEM.tokens.safetensors."""
+    return stem_path(out, ".tokens.safetensors")
+
+
+def write_tokens(out: str | Path, tokens: dict[str, torch.Tensor]) -> Path:
+    """The per-token NLL increase of every setting (name -> [N] float32), so that any two settings
+    can be compared token by token later (sweep.add_paired). Not committed: about 16 KB per setting
+    of 4,096 tokens (git-ignored; the paired z it gives is stored in the JSON's checks)."""
+    from safetensors.torch import save_file
+
+    path = tokens_path(out)
+    save_file({k: v.float().contiguous() for k, v in tokens.items()}, str(path))
+    return path
+
+
+def read_tokens(out: str | Path) -> dict[str, torch.Tensor] | None:
+    """write_tokens' arrays (float64) next to a result, or None where the run did not keep them."""
+    path = tokens_path(out)
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return {k: v.double() for k, v in load_file(str(path)).items()}
+
+
 def _jsonable(x):
     if isinstance(x, float) and math.isnan(x):
         return None

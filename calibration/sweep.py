@@ -122,7 +122,7 @@ def summarize(setting: Setting, traces: list[Trace], dense: list[Trace], seconds
     lp = torch.cat([t.logp_target.reshape(-1) for t in traces]).double()
     lp_d = torch.cat([t.logp_target.reshape(-1) for t in dense]).double()
     nll, nll_d = float(-lp.mean()), float(-lp_d.mean())
-    diff = (lp_d - lp)  # per-token NLL increase (paired)
+    diff = token_increase(traces, dense)
     agree = torch.cat([(t.argmax == d.argmax).reshape(-1) for t, d in zip(traces, dense)]).float()
     kl = [t.kl.reshape(-1) for t in traces if t.kl is not None]
     energy = [e for t in traces for e in t.energy]
@@ -140,22 +140,50 @@ def summarize(setting: Setting, traces: list[Trace], dense: list[Trace], seconds
     }
 
 
+def token_increase(traces: list[Trace], dense: list[Trace]) -> torch.Tensor:
+    """[N] float64: each scored token's NLL increase over the dense run of the same batches. Every
+    setting scores the same tokens (teacher forcing), so two settings' arrays pair token by token."""
+    lp = torch.cat([t.logp_target.reshape(-1) for t in traces]).double()
+    lp_d = torch.cat([t.logp_target.reshape(-1) for t in dense]).double()
+    return lp_d - lp
+
+
 def _mean(v: list[float]) -> float:
     return float(sum(v) / len(v)) if v else float("nan")
 
 
-def _interp(xs: list[float], ys: list[float], x: float, tol: float = COST_TOL) -> float | None:
-    """y at cost x on the piecewise-linear curve (xs, ys); a cost within tol of an end of the measured
-    range takes that end's value (budgets above the union execute slightly fewer experts than M)."""
-    pts = sorted(zip(xs, ys))
-    if not pts or x < pts[0][0] - tol or x > pts[-1][0] + tol:
+def _interp_weights(xs: list[float], ys: list[float], x: float,
+                    tol: float = COST_TOL) -> tuple[int, int, float] | None:
+    """(i0, i1, a): the point at cost x on the piecewise-linear curve through (xs, ys) (sorted by
+    cost, then y) is ys[i0] + (ys[i1] - ys[i0]) * a; None outside the measured range. A cost within
+    tol of an end takes that end (budgets above the union execute slightly fewer experts than M)."""
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+    if not order or x < xs[order[0]] - tol or x > xs[order[-1]] + tol:
         return None
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    if x <= xs[order[0]]:
+        return order[0], order[0], 0.0
+    for i0, i1 in zip(order, order[1:]):
+        x0, x1 = xs[i0], xs[i1]
         if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[-1][1]
+            return (i0, i0, 0.0) if x1 == x0 else (i0, i1, (x - x0) / (x1 - x0))
+    return order[-1], order[-1], 0.0
+
+
+def _interp(xs: list[float], ys: list[float], x: float, tol: float = COST_TOL) -> float | None:
+    """y at cost x on the piecewise-linear curve (xs, ys) (_interp_weights' rule)."""
+    w = _interp_weights(xs, ys, x, tol)
+    if w is None:
+        return None
+    i0, i1, _a = w
+    return ys[i0] if i0 == i1 else ys[i0] + (ys[i1] - ys[i0]) * (x - xs[i0]) / (xs[i1] - xs[i0])
+
+
+def paired_z(d_a: torch.Tensor, d_b: torch.Tensor) -> float:
+    """mean(d_a - d_b) over its standard error, for two per-token increase arrays of the same tokens
+    (positive: a's increase is larger). 0 where the two are identical."""
+    diff = (d_a.double() - d_b.double())
+    se = float(diff.std() / math.sqrt(diff.numel())) if diff.numel() > 1 else 0.0
+    return float(diff.mean()) / se if se > 0 else 0.0
 
 
 def _significant(diff: float | None, se_a: float | None, se_b: float | None) -> bool | None:
@@ -165,7 +193,8 @@ def _significant(diff: float | None, se_a: float | None, se_b: float | None) -> 
 
 
 def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
-                  top_k: int | None = None, default: str = DEFAULT) -> dict:
+                  top_k: int | None = None, default: str = DEFAULT,
+                  tokens: dict[str, torch.Tensor] | None = None) -> dict:
     """The targets, evaluated on the rows (true/false plus the numbers behind them).
 
     ref = `default` when the rows hold it, else the paper's "base". Per budget M of ref: its increase
@@ -174,7 +203,8 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
     linearly interpolated at that row's cost (experts executed): it beats ref when its increase is
     lower there (rows outside ref's measured cost range cannot be compared and are listed as None).
     "significant" marks a difference of more than two standard errors of the two mean NLL increases
-    (sqrt(se_a^2 + se_b^2), unpaired, so conservative).
+    (sqrt(se_a^2 + se_b^2), unpaired, so conservative). With `tokens` (setting name -> per-token
+    increase, `token_increase`) every comparison also gets its paired z (add_paired).
     """
     ref = default if any(r["policy"] == default for r in rows) else "base"
     by = {(r["policy"], r["value"]): r for r in rows}
@@ -233,7 +263,54 @@ def check_targets(rows: list[dict], half_m: int | None, fit_stats: dict | None,
         if rho:
             out["predictor_spearman_min"] = min(rho)
             out["predictor_spearman_ok"] = min(rho) >= 0.9
+    if tokens is not None:
+        add_paired(out, rows, tokens)
     return out
+
+
+def add_paired(checks: dict, rows: list[dict], tokens: dict[str, torch.Tensor]) -> None:
+    """Paired z of the checks' comparisons, in place, from the per-token increases of the settings
+    (all score the same tokens, so the difference is taken token by token; its standard error is far
+    below the unpaired sqrt(se_a^2 + se_b^2) because the settings' errors are strongly correlated).
+    - matched_budget: `{oracle}_paired_z` = z of (ref - oracle) at the same M (> 2: ref is worse);
+    - matched_interp: `paired_z` = z of (ref's curve at the row's cost - row), the curve's per-token
+      increase interpolated like its mean (_interp_weights); > 2: the row is lower (beats ref), < -2:
+      ref is lower; `significant_paired` = |z| > 2; `beaten_significantly_by_paired` the settings that
+      beat ref by more than two paired standard errors;
+    - own_oracle: each per-M entry's `paired_z` against its oracle.
+    A comparison whose settings lack an array is left without a paired field."""
+    ref = checks["policy"]
+    by = {(r["policy"], r["value"]): r for r in rows}
+    curve = sorted((r for r in rows if r["policy"] == ref), key=lambda r: r["experts"])
+    xs, ys = [r["experts"] for r in curve], [r["dppl_pct"] for r in curve]
+
+    def arr(r):
+        return None if r is None else tokens.get(r["setting"])
+
+    for e in checks["matched_budget"]:
+        d_ref = arr(by.get((ref, e["M"])))
+        for orc in ORACLES:
+            d_o = arr(by.get((orc, e["M"])))
+            if d_ref is not None and d_o is not None:
+                e[f"{orc}_paired_z"] = paired_z(d_ref, d_o)
+    have_curve = all(arr(r) is not None for r in curve)
+    for e in checks["matched_interp"]:
+        d_r = tokens.get(e["setting"])
+        w = _interp_weights(xs, ys, e["experts"]) if have_curve else None
+        if d_r is None or w is None:
+            continue
+        i0, i1, a = w
+        d0, d1 = arr(curve[i0]).double(), arr(curve[i1]).double()
+        e["paired_z"] = paired_z(d0 + (d1 - d0) * a, d_r)
+        e["significant_paired"] = abs(e["paired_z"]) > 2
+    checks["beaten_significantly_by_paired"] = [
+        e["setting"] for e in checks["matched_interp"] if e["beats_ref"] and e.get("significant_paired")]
+    for p, own in checks.get("own_oracle", {}).items():
+        for e in own["per_M"]:
+            d_p, d_o = arr(by.get((p, e["M"]))), arr(by.get((own["oracle"], e["M"])))
+            if d_p is not None and d_o is not None:
+                e["paired_z"] = paired_z(d_p, d_o)
+    checks["paired"] = True
 
 
 def own_oracle(rows: list[dict], policy: str, top_k: int | None = None) -> dict:
@@ -261,11 +338,17 @@ def merge(out_path: str, paths: list[str]) -> dict:
     variant as the reference (checks_by_ref). The files must score the same windows."""
     import json
 
+    from base_sglang.calibration.report import read_tokens, write_tokens
+
     files = [json.loads(open(p).read()) for p in paths]
+    arrays = [read_tokens(p) for p in paths]
+    tokens = {} if all(a is not None for a in arrays) else None  # paired only when every file has them
     base = files[0]
     keys = {(r["policy"], r["value"]) for r in base["rows"]}
     rows = list(base["rows"])
-    for path, res in zip(paths[1:], files[1:]):
+    if tokens is not None:
+        tokens.update({r["setting"]: arrays[0][r["setting"]] for r in rows if r["setting"] in arrays[0]})
+    for path, res, arr in zip(paths[1:], files[1:], arrays[1:]):
         if res["meta"]["settings"].get("batch_size") != base["meta"]["settings"].get("batch_size") or \
                 res["meta"].get("model") != base["meta"].get("model"):
             raise ValueError(f"merge: {path} scores another model or batch size than {paths[0]}")
@@ -277,28 +360,40 @@ def merge(out_path: str, paths: list[str]) -> dict:
             if (r["policy"], r["value"]) not in keys:
                 rows.append(dict(r, source=path))
                 keys.add((r["policy"], r["value"]))
+                if tokens is not None and r["setting"] in arr:
+                    tokens[r["setting"]] = arr[r["setting"]]
     top_k = base["meta"].get("top_k")
     half_m = base.get("checks", {}).get("half_union_M")
     meta = dict(base["meta"], merged_from=[{"path": p, "commit": f["meta"].get("commit"),
                                             "command": f["meta"].get("command")}
                                            for p, f in zip(paths, files)])
-    res = {"meta": meta, "rows": rows, "checks": check_targets(rows, half_m, None, top_k=top_k),
-           "checks_by_ref": {p: check_targets(rows, None, None, top_k=top_k, default=p)
+    res = {"meta": meta, "rows": rows, "checks": check_targets(rows, half_m, None, top_k=top_k, tokens=tokens),
+           "checks_by_ref": {p: check_targets(rows, None, None, top_k=top_k, default=p, tokens=tokens)
                              for p in ORACLE_OF if p != DEFAULT and any(r["policy"] == p for r in rows)}}
     with open(out_path, "w") as f:
         json.dump(res, f, indent=1, default=lambda x: None if isinstance(x, float) else str(x))
+    if tokens is not None:
+        write_tokens(out_path, tokens)
     return res
 
 
 def recheck(paths: list[str]) -> None:
-    """Recompute the target checks of base-eval JSON files from their rows (in place)."""
+    """Recompute the target checks of base-eval JSON files from their rows (in place), with the
+    paired z where the run's per-token increases sit next to the file."""
     import json
+    from pathlib import Path
+
+    from base_sglang.calibration.report import read_tokens
 
     for path in paths:
         res = json.loads(open(path).read())
         old = res.get("checks", {})
+        tokens = read_tokens(path)
+        if tokens is None and old.get("paired"):
+            print(f"{path}: no {Path(path).stem}.tokens.safetensors next to it: the paired z of its "
+                  "checks cannot be recomputed and are dropped (rerun base-eval to get them back)")
         res["checks"] = check_targets(res["rows"], old.get("half_union_M"), None,
-                                      top_k=res["meta"].get("top_k"))
+                                      top_k=res["meta"].get("top_k"), tokens=tokens)
         for key in ("predictor_spearman_min", "predictor_spearman_ok"):
             if key in old:
                 res["checks"][key] = old[key]

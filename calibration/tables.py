@@ -84,6 +84,8 @@ def quality(res: dict) -> str:
         beats = e.get("beats_ref")
         flag = "-" if beats is None else ("**yes**" + (" (> 2 SE)" if e.get("significant") else
                                                         " (within 2 SE)") if beats else "no")
+        if "paired_z" in e:
+            flag += f", paired z {e['paired_z']:+.1f}"
         out.append(f"| {r['setting']} | {r['experts']:.1f} | {_pct(r['dppl_pct'])} | "
                    f"{_pct(e.get('ref_interp_dppl_pct'))} | {flag} |")
     err = [r for r in res["rows"] if r["policy"] == "base_plus_err"]
@@ -108,7 +110,8 @@ def _interp_ref(res: dict, x: float):
 def targets(results: list[dict]) -> str:
     """One row per file: within 10 % of each oracle at every M >= k, and unbeaten at equal cost."""
     out = ["| model | B | within 10 % of oracle (M >= k) | within 10 % of oracle_plus (M >= k) | "
-           "unbeaten at equal or lower cost | beaten by (> 2 SE) |", "|---|---:|---|---|---|---|"]
+           "unbeaten at equal or lower cost | beaten by (> 2 SE, unpaired; paired) |",
+           "|---|---:|---|---|---|---|"]
     for res in results:
         c, k = res["checks"], res["meta"]["top_k"]
         cells = []
@@ -120,12 +123,15 @@ def targets(results: list[dict]) -> str:
                 cells.append("-")
                 continue
             sig = [e["M"] for e in es if not e[f"within_10pct_of_{orc}"] and e.get(f"{orc}_gap_significant")]
+            paired = [e for e in es if not e[f"within_10pct_of_{orc}"] and f"{orc}_paired_z" in e]
             cells.append(("met" if c[f"all_within_10pct_of_{orc}"] else "**missed**") +
                          f": worst {worst[f'over_{orc}']:.2f}x at M={worst['M']} "
                          f"({_pct(worst['dppl_pct'])} vs {_pct(worst[f'{orc}_dppl_pct'])} %)" +
                          (f"; over 1.1x at M = {', '.join(map(str, misses))}" if misses else "") +
                          (f" (gap > 2 SE at M = {', '.join(map(str, sig))})" if misses and sig else
-                          " (every gap within 2 SE)" if misses else ""))
+                          " (every gap within 2 SE)" if misses else "") +
+                         ("; paired z " + ", ".join(f"{e[f'{orc}_paired_z']:+.1f} at {e['M']}" for e in paired)
+                          if paired else ""))
         beaten = c.get("beaten_by", [])
         sig = c.get("beaten_significantly_by", [])
         interp = {e["setting"]: e for e in c["matched_interp"]}
@@ -133,11 +139,15 @@ def targets(results: list[dict]) -> str:
         for name in beaten:
             e = interp[name]
             detail.append(f"{name} ({e['experts']:.1f} exp.: {_pct(e['dppl_pct'])} vs "
-                          f"{_pct(e['ref_interp_dppl_pct'])} %)")
+                          f"{_pct(e['ref_interp_dppl_pct'])} %" +
+                          (f", z {e['paired_z']:+.1f}" if "paired_z" in e else "") + ")")
         s = res["meta"]["settings"]
+        sig_cell = ", ".join(sig) if sig else "none"
+        if c.get("paired"):
+            psig = c.get("beaten_significantly_by_paired", [])
+            sig_cell += "; paired: " + (", ".join(psig) if psig else "none")
         out.append(f"| {res['meta']['model']} | {s['batch_size']} | {cells[0]} | {cells[1]} | "
-                   f"{'met' if c['unbeaten'] else '**missed**: ' + '; '.join(detail)} | "
-                   f"{', '.join(sig) if sig else 'none'} |")
+                   f"{'met' if c['unbeaten'] else '**missed**: ' + '; '.join(detail)} | {sig_cell} |")
     return "\n".join(out)
 
 

@@ -49,6 +49,25 @@ def test_targets_table_states_met_or_missed_with_numbers():
     assert "oea x=2 (12.0 exp.: 10.0 vs 12.5 %)" in row
 
 
+def test_targets_and_quality_tables_show_the_paired_z():
+    import torch
+
+    res = _result()
+    n = 256
+    noise = torch.linspace(-1, 1, n, dtype=torch.float64)  # [N] shared by every setting
+    tokens = {r["setting"]: r["dnll"] + noise + (0.002 if r["setting"] == "oea x=2" else 0.0) *
+              torch.arange(n) / n for r in res["rows"] if r["policy"] != "dense"}
+    res["checks"] = check_targets(res["rows"], None, None, top_k=8, tokens=tokens)
+    row = targets([res]).splitlines()[2]
+    # the 16-expert miss: a constant 0.01-nat gap, so its paired z is huge; oea's gap beats ref
+    assert "(gap > 2 SE at M = 16); paired z +" in row
+    z = res["checks"]["matched_interp"]
+    oea = next(e for e in z if e["setting"] == "oea x=2")
+    assert f"oea x=2 (12.0 exp.: 10.0 vs 12.5 %, z {oea['paired_z']:+.1f})" in row and oea["paired_z"] > 2
+    assert row.endswith("| oea x=2; paired: oea x=2 |")
+    assert f"| oea x=2 | 12.0 | 10.0 | 12.5 | **yes** (> 2 SE), paired z {oea['paired_z']:+.1f} |" in quality(res)
+
+
 def test_study_table_and_cli(tmp_path, capsys):
     layer = {o: {"r2": r2, "spearman_cost": 0.9, "energy_pred@2": 0.8, "energy_oracle@2": 0.85}
              for o, r2 in (("linear", 0.4), ("quad16", 0.5))}
