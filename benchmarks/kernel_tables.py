@@ -323,13 +323,21 @@ def trace_experts(folder: str) -> str:
 
 
 def profile_table(folder: str, a: str, b: str, min_ms: float = 0.05) -> str:
-    """One profiled graph step (bench_decode.py profile_b16.json) of two runs: per kernel ms per
-    step and µs per launch (kernels with >= min_ms in either), GPU busy, step - busy (idle)."""
-    runs = {}
+    """The profiled graph steps (bench_decode.py profile_b16.json, one per profiled budget, at
+    --profile-batch) of two runs: per budget both runs have, per kernel ms per step and µs per launch
+    (kernels with >= min_ms in either), GPU busy, step - busy (idle)."""
+    profs = {}
     for name in (a, b):
         with open(os.path.join(folder, f"e2e_{name}", "profile_b16.json")) as f:
-            prof = json.load(f)
-        runs[name] = next(v for k, v in prof.items() if not k.startswith("_"))
+            profs[name] = {k: v for k, v in json.load(f).items()
+                           if not k.startswith("_") and "error" not in v}
+    keys = [k for k in profs[a] if k in profs[b]]
+    if not keys:
+        return f"no profiled step that both e2e_{a} and e2e_{b} have"
+    return "\n\n".join(_profile_pair({n: profs[n][k] for n in (a, b)}, a, b, min_ms) for k in keys)
+
+
+def _profile_pair(runs: dict, a: str, b: str, min_ms: float) -> str:
     kern = {n: {k["name"]: k for k in r["graph_kernels"]["top_kernels"]} for n, r in runs.items()}
     names = [k for k in dict.fromkeys(list(kern[a]) + list(kern[b]))
              if max(kern[n].get(k, {}).get("ms_per_step", 0) for n in (a, b)) >= min_ms]

@@ -71,7 +71,8 @@ def parse_args(argv=None):
                    help="config.json + tokenizer (written there when absent: common.py)")
     p.add_argument("--predictor", default="/tmp/base-bench/predictor-qwen3-30b-a3b.safetensors",
                    help="predictor file (a synthetic one is written there when absent)")
-    p.add_argument("--mem-fraction-static", type=float, default=0.7)
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="SGLang's static memory share; default: mem_fraction(total GPU memory)")
     p.add_argument("--time-budget", type=float, default=170.0,
                    help="seconds: no new batch size starts after this (partial results stay)")
     p.add_argument("--seed", type=int, default=0)
@@ -116,6 +117,14 @@ def parse_budget(text: str, num_experts: int):
     return int(t)
 
 
+def mem_fraction(total_bytes: int, weight_bytes: float = 61.1e9) -> float:
+    """SGLang's --mem-fraction-static for a card of total_bytes: 0.7 where the bf16 Qwen3-30B-A3B
+    weights (56.9 GiB loaded) leave a KV cache under it (H200, 143.8 GB), else the weights' share
+    plus 12 % of the card (H100, 85.5 GB: 0.71 + 0.12 -> 0.83; 0.7 fails there), capped at 0.9."""
+    need = weight_bytes / total_bytes
+    return 0.7 if need < 0.6 else round(min(0.9, need + 0.12), 2)
+
+
 def sglang_argv(args) -> list[str]:
     """SGLang ServerArgs for the run: dummy weights, Triton attention + MoE, decode graphs of
     exactly the swept batch sizes, no prefill graphs (prefill is not timed)."""
@@ -123,7 +132,7 @@ def sglang_argv(args) -> list[str]:
     return ["--model-path", str(args.model_dir), "--load-format", "dummy", "--dtype", "bfloat16",
             "--attention-backend", "triton", "--sampling-backend", "pytorch",
             "--grammar-backend", "none", "--moe-runner-backend", "triton",
-            "--mem-fraction-static", str(args.mem_fraction_static),
+            "--mem-fraction-static", str(args.mem_fraction_static or 0.7),
             "--cuda-graph-bs-decode", *map(str, args.batches), "--cuda-graph-max-bs-decode",
             str(top), "--cuda-graph-backend-prefill", "disabled",
             "--max-running-requests", str(top), "--random-seed", str(args.seed),
@@ -321,6 +330,10 @@ def run(args) -> int:
     clock = common.Clock()
     config = prepare_files(args)
     set_plugin_env(args)
+    if args.mem_fraction_static is None:
+        import torch
+
+        args.mem_fraction_static = mem_fraction(torch.cuda.get_device_properties(0).total_memory)
     bench = Bench(args, config, clock)
     import sglang
 

@@ -148,6 +148,18 @@ def test_bench_decode_defaults_and_sglang_argv():
     assert off.budgets == ["off"] and off.batches == [4, 16]
 
 
+def test_bench_decode_memory_share_leaves_a_kv_cache_on_h100_and_keeps_0_7_on_h200():
+    # H100 80 GB: SGLang refused 0.7 (the loaded weights need 0.727); H200 141 GB keeps the old 0.7
+    h100, h200 = bench_decode.mem_fraction(85_520_000_000), bench_decode.mem_fraction(143_770_000_000)
+    assert h200 == 0.7
+    assert 61.1e9 / 85.52e9 + 0.1 < h100 <= 0.9
+    assert bench_decode.mem_fraction(40_000_000_000) == 0.9
+    args = bench_decode.parse_args(["--out", "/tmp/x"])
+    assert args.mem_fraction_static is None
+    argv = bench_decode.sglang_argv(args)
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.7"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--budgets", "0"], "--budgets"), (["--budgets", "abc"], "--budgets"),
     (["--budgets", "129"], "--budgets"), (["--batches", "4", "4"], "--batches"),

@@ -261,3 +261,23 @@ def test_ab_table_with_old_rounds_only_has_no_new_columns(tmp_path):
     assert lines[2] == "| qwen3-30b-a3b | 1 | 8 | 27.0 / 33.0 | 28.0 / 34.0 | 26.0 / 32.0 | 27.0 | 33.0 | 0.818 |"
     cell = json.loads((tmp_path / "ab.json").read_text())["cells"][0]
     assert "median_new" not in cell and cell["median_old"] == 27.0 and cell["median_sglang"] == 33.0
+
+
+def test_profile_table_has_one_table_per_budget_both_runs_profiled(tmp_path):
+    def step(budget, moe_ms, step_ms):
+        return dict(batch=64, budget=budget, routing="uniform-random", graph_step_ms=step_ms,
+                    graph_kernels=dict(gpu_busy_ms_per_step=step_ms - 1.0, top_kernels=[
+                        dict(name="_moe_align_sort_kernel", ms_per_step=moe_ms, launches_per_step=48.0)]))
+
+    for name, prof in (("new", {"uniform-random/16": step(16, 0.2, 8.0),
+                                "uniform-random/dense": step("dense", 0.3, 20.0)}),
+                       ("old", {"uniform-random/16": step(16, 0.6, 8.5),
+                                "uniform-random/dense": {"batch": 64, "budget": "dense",
+                                                         "error": "RuntimeError: x"}})):
+        (tmp_path / f"e2e_{name}").mkdir()
+        (tmp_path / f"e2e_{name}" / "profile_b16.json").write_text(json.dumps(prof))
+    out = _run("profile", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("B = 64, budget") == 1  # dense failed in old: no pair to compare
+    assert "| `_moe_align_sort_kernel` | 0.200 | 4.2 | 0.600 | 12.5 |" in out.stdout
+    assert "| **graph step** | 8.000 | - | 8.500 | - |" in out.stdout
