@@ -193,8 +193,9 @@ def after_topk(out, topk, hidden_states, router_logits, *args, **kwargs):
 def around_fused_experts(original, *args, **kwargs):
     """fused_experts_impl AROUND: in BASE decode steps the MoE must skip -1 slots.
 
-    With BASE_MOE=auto (the default) a plain call of at most 16 rows, on a GPU with tuned tiles for
-    its shape, runs our fused_moe (plugin/moe.py), which skips them by design.
+    With BASE_MOE=auto (the default) a plain call of at most BASE_MOE_MAX_ROWS rows (default 64), on
+    a GPU with tuned tiles for its shape, runs our fused_moe (plugin/moe.py), which skips them by
+    design.
     Otherwise SGLang's Triton MoE runs with filter_expert forced on: SGLang 0.5.17 skips a -1 block
     only with filter_expert=True, which it passes only under expert parallelism (num_experts !=
     num_local_experts); without it the GEMM reads the weights of expert -1 (an illegal address,
@@ -207,7 +208,7 @@ def around_fused_experts(original, *args, **kwargs):
     sig = moe.signature()
     bound = sig.bind(*args, **kwargs)
     if st.config.moe == "auto" and st.config.kernels:
-        reason = moe.why_not_ours(bound.arguments, sig)
+        reason = moe.why_not_ours(bound.arguments, sig, st.config.moe_max_rows)
         if reason is None:
             return moe.run_ours(bound.arguments)
         st.note_sglang_moe(reason)

@@ -2,19 +2,22 @@
 
 In a BASE decode step the routed ids carry -1 for dropped slots. SGLang's Triton MoE then needs
 filter_expert=True (0.5.17 skips -1 blocks only with it). With BASE_MOE=auto (the default), a plain
-call of at most OURS_MAX_TOKENS rows on a GPU with a tuned budget row for its shape
-(kernels/configs/<GPU>.json, at that row count) runs base_sglang.kernels.fused_moe instead, with
-those tiles (pair-major at T <= 2, the one-launch layer at T = 4..32). Measured end to end in
-SGLang 0.5.17 decode on the H200 (BENCHMARKS.md, seventh session; Qwen3-30B-A3B shape, B = 1 / 8 /
-16, budgets dense / 16 / 4): 3-12 % less time per step than SGLang's Triton MoE in every cell. Above
-16 rows SGLang's kernel is as fast or faster for BASE-selected ids, and on a GPU or shape nobody
-tuned ours is unmeasured, so those calls keep SGLang's kernel. Plain = bf16/fp16 activations on
-CUDA, gate/up weights [E, 2I, H] (gate rows first, as SGLang's silu_and_mul reads them) and down
-[E, H, I], both contiguous in the activations' dtype; activation silu, gated; and every other
-argument of fused_experts_impl at its default (no bias, quantisation, scales, router weight on
-input, no_combine, routed scaling other than 1, clamps, ...). An argument this module does not know
-(a newer SGLang) that is not at its default also sends the call to SGLang's kernel: nothing is
-assumed about arguments we have not read. BASE_MOE=sglang always runs SGLang's kernel.
+call of at most BASE_MOE_MAX_ROWS rows (default OURS_MAX_TOKENS = 64) on a GPU with a tuned budget
+row for its shape (kernels/configs/<GPU>.json, at that row count) runs base_sglang.kernels.fused_moe
+instead, with those tiles (pair-major at T <= 2, the one-launch layer from T = 4 to 63 / 31 for the
+Qwen3 / OLMoE shapes with a budget, the sort align and grouped GEMMs above). Measured end to end in
+SGLang 0.5.17 decode (BENCHMARKS.md; Qwen3-30B-A3B shape): 3-12 % less time per step than SGLang's
+Triton MoE at B = 1 / 8 / 16 on the H200 (seventh session); at B = 32 / 64 with budgets 16 / 8,
+9-15 % less on an H100 with the H200's tiles (two calls, twenty-second session), dense steps within
+1.5 %. At 128 rows ours takes 8.5-15.5 % less with a budget but 4 % slower dense (a CUDA graph
+serves both), so the default stops at 64. On a GPU or shape nobody tuned ours is unmeasured, so
+those calls keep SGLang's kernel. Plain = bf16/fp16 activations on CUDA, gate/up weights [E, 2I, H]
+(gate rows first, as SGLang's silu_and_mul reads them) and down [E, H, I], both contiguous in the
+activations' dtype; activation silu, gated; and every other argument of fused_experts_impl at its
+default (no bias, quantisation, scales, router weight on input, no_combine, routed scaling other
+than 1, clamps, ...). An argument this module does not know (a newer SGLang) that is not at its
+default also sends the call to SGLang's kernel: nothing is assumed about arguments we have not read.
+BASE_MOE=sglang always runs SGLang's kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import inspect
 
 import torch
 
-OURS_MAX_TOKENS = 16  # BASE_MOE=auto: rows up to which our fused_moe runs the call
+OURS_MAX_TOKENS = 64  # default of BASE_MOE_MAX_ROWS: rows up to which BASE_MOE=auto runs ours
 # arguments read here; every other one must be at its default
 HANDLED = ("hidden_states", "w1", "w2", "topk_weights", "topk_ids", "inplace", "filter_expert",
            "activation", "is_gated", "routed_scaling_factor")
@@ -45,7 +48,7 @@ def _at_default(value, default) -> bool:
     return type(value) is type(default) and value == default
 
 
-def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
+def why_not_ours(args: dict, sig: inspect.Signature, max_rows: int = OURS_MAX_TOKENS) -> str | None:
     """None when fused_moe computes this call exactly; else the first reason it does not."""
     for name, p in sig.parameters.items():
         if name not in HANDLED and name in args and not _at_default(args[name], p.default):
@@ -56,8 +59,8 @@ def why_not_ours(args: dict, sig: inspect.Signature) -> str | None:
         return f"routed_scaling_factor={args['routed_scaling_factor']}"
     x, w1, w2 = args["hidden_states"], args["w1"], args["w2"]
     ids, w = args["topk_ids"], args["topk_weights"]
-    if x.dim() == 2 and x.shape[0] > OURS_MAX_TOKENS:
-        return f"more than {OURS_MAX_TOKENS} rows"  # one log line for every larger batch
+    if x.dim() == 2 and x.shape[0] > max_rows:
+        return f"more than {max_rows} rows"  # one log line for every larger batch
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.stride(1) != 1:
         return f"hidden_states {x.dtype} {tuple(x.shape)}"
     if not (x.is_cuda or _interpreter()):

@@ -1,10 +1,10 @@
 """The plugin's fused_experts AROUND hook (BASE_MOE=auto, the default) against SGLang's own MoE.
 
 For BASE-selected ids (-1 = a dropped slot: each row keeps only the batch's M most used experts)
-at the Qwen3-30B-A3B and OLMoE shapes, T = 1..16 and 17, through hooks.around_fused_experts with
+at the Qwen3-30B-A3B and OLMoE shapes, T = 1..16, 17, 64 and 65, through hooks.around_fused_experts with
 SGLang's real fused_experts_impl as the original:
-  - which kernel ran: ours where plugin/moe.py says so (a tuned budget row of this GPU, <= 16 rows),
-    SGLang's otherwise (T = 17);
+  - which kernel ran: ours where plugin/moe.py says so (a tuned budget row of this GPU, <= BASE_MOE_MAX_ROWS rows),
+    SGLang's otherwise (T = 65, above the default BASE_MOE_MAX_ROWS = 64);
   - the hook's output and SGLang's (filter_expert=True) against an fp32 reference that skips
     dropped slots (relative Frobenius error), and against each other;
   - inplace=True writes hidden_states; run-to-run bitwise;
@@ -72,7 +72,8 @@ def check_cell(shape, T, M, dev, original, hooks, moe, counter, graph: bool) -> 
     out = hooks.around_fused_experts(original, x_in, w1, w2, w, ids, inplace=True)
     row = dict(shape=shape, T=T, M=M, dropped=int((ids < 0).sum()), ran=ran,
                expected=("ours" if moe.why_not_ours(moe.signature().bind(
-                   x, w1, w2, w, ids).arguments, moe.signature()) is None else "sglang"),
+                   x, w1, w2, w, ids).arguments, moe.signature(),
+                   hooks.state.STATE.config.moe_max_rows) is None else "sglang"),
                rel_ref=rel(y, ref), bitwise_rerun=bool(torch.equal(y, y2)),
                inplace=bool(out.data_ptr() == x_in.data_ptr() and torch.equal(x_in, y)))
     if dev.type == "cuda":
@@ -141,7 +142,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="qwen3-30b-a3b,olmoe-1b-7b")
-    ap.add_argument("--tokens", default="1,2,4,8,16,17")
+    ap.add_argument("--tokens", default="1,2,4,8,16,17,64,65")
     ap.add_argument("--budget-m", type=int, default=16)
     args = ap.parse_args()
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe as sgl

@@ -7,6 +7,7 @@
 # E2E_BUDGETS replace the batch sizes and budgets (e.g. E2E_VAR=BASE_MOE_ALIGN E2E_VALUES="auto scan"
 # E2E_NAMES="e2e_new e2e_old" E2E_BATCHES="16 32 64" E2E_BUDGETS="dense 16" E2E_PROFILE=64: the sort
 # align against the scan, with a profiled step at B = 64 per budget: kernel_tables.py profile OUT).
+# A value may add settings after commas (E2E_VAR=BASE_MOE_MAX_ROWS E2E_VALUES="16 64 64,BASE_MOE_ALIGN=scan").
 #   -> OUT/<name>/summary.json and OUT/<name>.log per run (E2E_NAMES: e2e_fold e2e_nofold)
 #   bash benchmarks/gpu/run_fold_e2e_h200.sh   (repo root; carry .device_carry/*.tar.xz; proxy
 #                                               weights stay home: device-slim on)
@@ -35,8 +36,12 @@ if [ "${E2E_PROFILE:-0}" != 0 ]; then
 fi
 for i in "${!values[@]}"; do
     name=${names[$i]}
-    log "=== SGLang decode, $var=${values[$i]} ($name)"
-    decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-230}" "$var=${values[$i]}" -- "${profile[@]}" \
+    # a value may carry further settings after commas: "64,BASE_MOE_ALIGN=scan" runs
+    # $var=64 BASE_MOE_ALIGN=scan
+    IFS=, read -r -a parts <<< "${values[$i]}"
+    envs=("$var=${parts[0]}" "${parts[@]:1}")
+    log "=== SGLang decode, ${envs[*]} ($name)"
+    decode_run "$OUT/$name" "$OUT/$name.log" "${DECODE_S:-230}" "${envs[@]}" -- "${profile[@]}" \
         --batches ${E2E_BATCHES:-1 8 16} --budgets ${E2E_BUDGETS:-dense 16 4} --time-budget "${DECODE_BUDGET_S:-140}" || status=1
     grep -E "folded into|fused MoE|^ ?[0-9]+ |^ B |^--|policy" "$OUT/$name.log" | cut -c1-200 | tail -12 || true
 done

@@ -117,11 +117,22 @@ def test_default_policy_is_base_plus_and_base_stays_selectable(base_state):
     assert st.selection.policy == "base_plus" and st.selection.combine_mode(True) == "partial"
 
 
+def test_moe_max_rows_is_read_from_the_environment():
+    from base_sglang.plugin import moe
+
+    assert PluginConfig.from_env({}).moe_max_rows == moe.OURS_MAX_TOKENS == 64
+    assert PluginConfig.from_env({"BASE_MOE_MAX_ROWS": " 128 "}).moe_max_rows == 128
+    assert PluginConfig.from_env({"BASE_MOE_MAX_ROWS": ""}).moe_max_rows == 64
+
+
 @pytest.mark.parametrize("env, name", [
     ({"BASE_DEFAULT_BUDGET": "0"}, "BASE_DEFAULT_BUDGET"),
     ({"BASE_POLICY": "fastest"}, "policy"),
     ({"BASE_KERNELS": "maybe"}, "BASE_KERNELS"),
     ({"BASE_STATS_INTERVAL": "-3"}, "BASE_STATS_INTERVAL"),
+    ({"BASE_MOE_MAX_ROWS": "0"}, "BASE_MOE_MAX_ROWS"),
+    ({"BASE_MOE_MAX_ROWS": "sixty"}, "BASE_MOE_MAX_ROWS"),
+    ({"BASE_MOE_MAX_ROWS": "5000"}, "BASE_MOE_MAX_ROWS"),
 ])
 def test_bad_environment_is_named(env, name):
     with pytest.raises(ValueError, match=name):

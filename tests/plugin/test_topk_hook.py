@@ -279,6 +279,9 @@ def test_which_fused_experts_calls_run_ours(extra, reason, monkeypatch):
     sig, args = _plain_call()
     args = dict(args, hidden_states=torch.zeros(moe.OURS_MAX_TOKENS + 1, 32, dtype=torch.bfloat16))
     assert "rows" in moe.why_not_ours(args, sig)  # larger batches: SGLang's kernel
+    sig, args = _plain_call()  # 3 rows; BASE_MOE_MAX_ROWS moves the limit
+    assert moe.why_not_ours(args, sig, max_rows=3) is None
+    assert "more than 2 rows" in moe.why_not_ours(args, sig, max_rows=2)
 
 
 def test_ours_only_where_tuned_tiles_exist():
