@@ -23,7 +23,7 @@
 #      in a CUDA graph, and the time between kernels                      -> OUT/profile_moe.json
 #   hook (only when named; carry .device_carry/sglang-0.5.17-cp312.tar.xz): gpu/check_moe_hook.py,
 #      the plugin's fused_experts hook (BASE_MOE=auto) against SGLang's own fused_experts_impl
-#      for BASE-selected ids, Qwen3 / OLMoE, T = 1..17, graphs        -> OUT/moe_hook.json, hook.log
+#      for BASE-selected ids, Qwen3 / OLMoE, T = 1..17, 64, 65, graphs -> OUT/moe_hook.json, hook.log
 #   densetune (only when named; carry .whl/sglang-0.5.23-moe.tar.gz): the one-launch tile search on
 #      dense routing at DENSE_T (default 32), Qwen3, merged --keep-faster into
 #      kernels/configs/NVIDIA_H200.json, then bench_fused_moe.py --no-tune at DENSE_BENCH_T
