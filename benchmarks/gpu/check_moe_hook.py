@@ -1,10 +1,10 @@
 """The plugin's fused_experts AROUND hook (BASE_MOE=auto, the default) against SGLang's own MoE.
 
 For BASE-selected ids (-1 = a dropped slot: each row keeps only the batch's M most used experts)
-at the Qwen3-30B-A3B and OLMoE shapes, T = 1..16, 17, 64 and 65, through hooks.around_fused_experts with
-SGLang's real fused_experts_impl as the original:
-  - which kernel ran: ours where plugin/moe.py says so (a tuned budget row of this GPU, <= BASE_MOE_MAX_ROWS rows),
-    SGLang's otherwise (T = 65, above the default BASE_MOE_MAX_ROWS = 64);
+at the Qwen3-30B-A3B and OLMoE shapes, T = 1..16, 17, 64 and 65, through
+hooks.around_fused_experts with SGLang's real fused_experts_impl as the original:
+  - which kernel ran: ours where plugin/moe.py says so (a tuned budget row of this GPU, at most
+    BASE_MOE_MAX_ROWS rows), SGLang's otherwise (T = 65, above the default 64);
   - the hook's output and SGLang's (filter_expert=True) against an fp32 reference that skips
     dropped slots (relative Frobenius error), and against each other;
   - inplace=True writes hidden_states; run-to-run bitwise;

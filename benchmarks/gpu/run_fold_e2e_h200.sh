@@ -36,8 +36,6 @@ if [ "${E2E_PROFILE:-0}" != 0 ]; then
 fi
 for i in "${!values[@]}"; do
     name=${names[$i]}
-    # a value may carry further settings after commas: "64,BASE_MOE_ALIGN=scan" runs
-    # $var=64 BASE_MOE_ALIGN=scan
     IFS=, read -r -a parts <<< "${values[$i]}"
     envs=("$var=${parts[0]}" "${parts[@]:1}")
     log "=== SGLang decode, ${envs[*]} ($name)"
