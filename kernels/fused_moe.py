@@ -28,7 +28,7 @@ from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
 from base_sglang.kernels.moe_one import check_options, moe_one
-from base_sglang.kernels.utils import check, check_moe_inputs, num_sms
+from base_sglang.kernels.utils import check, check_moe_inputs, check_tensor, num_sms
 
 
 @dataclass(frozen=True)
@@ -117,28 +117,37 @@ def fused_moe(
     *,
     config: MoeConfig | None = None,
     max_experts: int | None = None,
+    out: torch.Tensor | None = None,  # [T, H] hidden's dtype, unit column stride; may be hidden
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype (fp32 accumulation and combine).
 
     config: tile shapes (default: default_config(T, E, K, max_experts)); max_experts: optional bound
-    on the distinct experts the ids select (the BASE budget), used only to pick BLOCK_M.
+    on the distinct experts the ids select (the BASE budget), used only to pick BLOCK_M. out: where
+    the result goes (returned); out = hidden is the in-place call. The grouped path's combine writes
+    it after the up GEMM has read hidden (a launch boundary), so no copy; the one-launch path reads
+    and writes within one kernel, so it writes a fresh tensor and copies it into out.
     """
     T, H, E, I, K = check_moe_inputs(hidden, ids, weights, gate_up, down)  # noqa: E741
     dev = hidden.device
     ids = ids.contiguous()
     weights = weights.contiguous()
+    if out is not None:
+        check_tensor("out", out, (T, H), (hidden.dtype,), dev, contiguous=False)
+        check(out.stride(1) == 1, f"out: needs unit column stride, got strides {out.stride()}")
     cfg = config or default_config(T, E, K, max_experts, hidden=H, inter=I, gpu=device_name(dev))
     if cfg.one_launch and T * K <= ONE_MAX_PAIRS:  # (a row of T <= 32 may be looked up above it)
-        return moe_one(hidden, ids, weights, gate_up, down, block_m=cfg.block_m,
+        y = moe_one(hidden, ids, weights, gate_up, down, block_m=cfg.block_m,
                        up=(cfg.up.block_n, cfg.up.block_k),
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                        num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
                        up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
                        programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
+        return y if out is None else out.copy_(y)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)
     act = torch.empty((T * K, I), dtype=hidden.dtype, device=dev)  # [P, I]
     moe_gemm(hidden, gate_up, act, blocks, a_div=K, gated=True, config=cfg.up, ids=ids)
     pair_out = torch.empty((T * K, H), dtype=torch.float32, device=dev)  # [P, H]
     moe_gemm(act, down, pair_out, blocks, a_div=1, gated=False, config=cfg.down, ids=ids)
-    out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
+    if out is None:
+        out = torch.empty((T, H), dtype=hidden.dtype, device=dev)
     return moe_combine(pair_out, ids, weights, E, out)

@@ -103,12 +103,10 @@ def _interpreter() -> bool:
 
 def run_ours(args: dict) -> torch.Tensor:
     """fused_moe on a plain call, with the tiles tuned for BASE-selected ids (max_experts < E);
-    inplace writes the result into hidden_states, as SGLang does."""
+    inplace writes the result into hidden_states, as SGLang does (the grouped path's combine writes
+    it directly, the one-launch path copies)."""
     from base_sglang.kernels import fused_moe
 
     x, w1 = args["hidden_states"], args["w1"]
-    y = fused_moe(x, args["topk_ids"], args["topk_weights"], w1, args["w2"],
-                  max_experts=w1.shape[0] - 1)
-    if args.get("inplace", False):
-        return x.copy_(y)
-    return y
+    return fused_moe(x, args["topk_ids"], args["topk_weights"], w1, args["w2"],
+                     max_experts=w1.shape[0] - 1, out=x if args.get("inplace", False) else None)

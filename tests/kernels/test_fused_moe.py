@@ -74,6 +74,29 @@ def test_tile_configs(config):
     assert rel_err(y, ref) < REL_TOL
 
 
+ONE = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True)
+
+
+@pytest.mark.parametrize("config", [None, MoeConfig(pair_major=True), ONE],
+                         ids=["grouped", "pair_major", "one_launch"])
+def test_out_and_in_place_equal_a_fresh_output(config):
+    """out = hidden (SGLang's inplace call) gives the fresh result bit for bit, on every path."""
+    y, ref, (x, ids, w, gate_up, down) = run(9, 6, 2, seed=7, config=config)
+    assert rel_err(y, ref) < REL_TOL
+    out = torch.full_like(x, float("nan"))
+    assert fused_moe(x, ids, w, gate_up, down, config=config, out=out) is out and torch.equal(out, y)
+    h = x.clone()
+    assert fused_moe(h, ids, w, gate_up, down, config=config, out=h) is h and torch.equal(h, y)
+    wide = torch.zeros(9, 64, dtype=x.dtype, device=DEVICE)[:, 8:40]  # row stride 64, unit columns
+    assert fused_moe(x, ids, w, gate_up, down, config=config, out=wide) is wide and torch.equal(wide, y)
+    with pytest.raises(ValueError, match="out: shape"):
+        fused_moe(x, ids, w, gate_up, down, config=config, out=x[:8])
+    with pytest.raises(ValueError, match="out: dtype"):
+        fused_moe(x, ids, w, gate_up, down, config=config, out=x.half())
+    with pytest.raises(ValueError, match="out: needs unit column stride"):
+        fused_moe(x, ids, w, gate_up, down, config=config, out=torch.zeros(32, 9, dtype=x.dtype).t())
+
+
 def test_deterministic():
     y1, _, args = run(8, 7, 3, seed=5)
     assert torch.equal(fused_moe(*args), y1)
