@@ -4,6 +4,8 @@
       {"provenance": {...}, "shapes": {"E=128,H=2048,I=768,K=8": {"dense": {"1": cfg, "8": cfg, ...},
                                                                    "budget": {...}}}}
     cfg = MoeConfig as a dict (block_m, pair_major, up / down GemmConfig fields)
+    or {"provenance": {...}, "same_as": "<another GPU name>"}: that GPU's rows, used as they are
+      (written by hand only after they were measured on this GPU; the provenance names the runs)
 "dense" rows were tuned on top-k routing, "budget" rows on BASE-selected ids (fewer experts, more
 pairs each). A lookup takes the row of the largest tuned T <= T. A pair-major row is used only at
 its own T (it reads a shared expert once per token, so it is not extrapolated to larger batches;
@@ -34,7 +36,13 @@ def load_table(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         return {}
-    shapes = json.loads(p.read_text())["shapes"]
+    doc = json.loads(p.read_text())
+    if "same_as" in doc:  # one level: a borrowed table never points further
+        p = gpu_file(doc["same_as"])
+        doc = json.loads(p.read_text())
+        if "same_as" in doc:
+            raise ValueError(f"{path}: same_as names {p.name}, which borrows its rows too")
+    shapes = doc["shapes"]
     return {key: {kind: {int(t): cfg for t, cfg in rows.items()} for kind, rows in kinds.items()}
             for key, kinds in shapes.items()}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from base_sglang.kernels.fused_moe import MoeConfig, default_config, pair_major_wins
 from base_sglang.kernels.moe_configs import CONFIG_DIR, gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig
@@ -33,6 +35,25 @@ def test_shipped_table_parses_into_configs():
                 for t, row in rows.items():
                     cfg = MoeConfig.from_dict(row)
                     assert t >= 1 and cfg.block_m in (16, 32, 64) and cfg.up.block_n >= 16
+
+
+def test_a_borrowed_table_reads_the_named_gpus_rows(tmp_path, monkeypatch):
+    """"same_as": the named GPU's rows as they are; a chain of borrowing is refused, not followed."""
+    from base_sglang.kernels import moe_configs
+
+    h100 = load_table(str(gpu_file("NVIDIA H100 80GB HBM3")))
+    assert h100 == load_table(str(gpu_file("NVIDIA H200"))) and KEY in h100
+    assert json.loads(gpu_file("NVIDIA H100 80GB HBM3").read_text())["same_as"] == "NVIDIA H200"
+    monkeypatch.setattr(moe_configs, "CONFIG_DIR", tmp_path)
+    (tmp_path / "GPU_A.json").write_text(json.dumps({"provenance": {"gpu": "GPU A"}, "same_as": "GPU B"}))
+    (tmp_path / "GPU_B.json").write_text(json.dumps({"provenance": {"gpu": "GPU B"}, "same_as": "GPU C"}))
+    with pytest.raises(ValueError, match="GPU_B.json, which borrows its rows too"):
+        load_table(str(tmp_path / "GPU_A.json"))
+    (tmp_path / "GPU_B.json").write_text(json.dumps({"provenance": {"gpu": "GPU B"},
+                                                     "shapes": {KEY: {"dense": {"8": _row()}}}}))
+    load_table.cache_clear()
+    assert load_table(str(tmp_path / "GPU_A.json")) == {KEY: {"dense": {8: _row()}}}
+    load_table.cache_clear()
 
 
 def test_lookup_rules():

@@ -286,17 +286,20 @@ def test_which_fused_experts_calls_run_ours(extra, reason, monkeypatch):
 
 def test_ours_only_where_tuned_tiles_exist():
     """BASE_MOE=auto runs our fused_moe only where kernels/configs has a budget row of the GPU and
-    shape at that row count (the shipped NVIDIA_H200.json: three shapes, T = 1..128); any other
-    GPU, shape or row count keeps SGLang's kernel, with the reason."""
+    shape at that row count (the shipped NVIDIA_H200.json: three shapes, T = 1..128, which the
+    H100 80GB HBM3's file borrows); any other GPU, shape or row count keeps SGLang's kernel, with
+    the reason."""
     from base_sglang.plugin import moe
 
     qwen3 = (128, 2048, 768, 8)
     for T in (1, 3, 16):
         assert moe.untuned("NVIDIA H200", *qwen3, T) is None
     assert moe.untuned("NVIDIA H200", 64, 2048, 1024, 8, 8) is None  # OLMoE
+    for T in (1, 16, 64):
+        assert moe.untuned("NVIDIA H100 80GB HBM3", *qwen3, T) is None  # same_as: the H200's rows
     for T in (1, 16):  # no file for this GPU: one reason (one log line) for every T
-        assert moe.untuned("NVIDIA H100 80GB HBM3", *qwen3, T) == \
-            "no tuned fused_moe rows for NVIDIA H100 80GB HBM3 E=128,H=2048,I=768,K=8"
+        assert moe.untuned("NVIDIA H100 PCIe", *qwen3, T) == \
+            "no tuned fused_moe rows for NVIDIA H100 PCIe E=128,H=2048,I=768,K=8"
     assert "E=96" in moe.untuned("NVIDIA H200", 96, 2048, 768, 8, 16)
     assert "T=129" in moe.untuned("NVIDIA H200", *qwen3, 129)  # above the largest tuned T
     assert moe.untuned(None, *qwen3, 16) is not None
