@@ -118,7 +118,9 @@ def route_mode(T: int, E: int) -> str:
              unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
              unfolded; at B = 32 end to end within noise of the one launch).
       unfold above (not measured there).
-    BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
+      joined (the split's two parts in one cooperative launch, a grid barrier between them:
+             kernels/base_route_split.py joined=True) only when forced, until it is measured.
+    BASE_ROUTE=fold|split|joined|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
         if forced not in ROUTE_MODES:
@@ -156,7 +158,8 @@ def route_select_experts(
     ids_dtype: torch.dtype = torch.int32,
 ) -> Selection:
     """The router's softmax top-k + BASE in one launch (kernels.base_route), or in two where
-    route_mode says "split" (kernels.base_route_split); CPU: core.routing."""
+    route_mode says "split" (kernels.base_route_split), or in its joined launch ("joined");
+    CPU: core.routing."""
     from base_sglang.core.routing import route_select
 
     if not route_foldable(config, layer_id, predictor):
@@ -174,10 +177,13 @@ def route_select_experts(
     table = None
     if config.policy == "base_sched":
         table = predictor.layer_schedule(layer_id, logits.shape[0]).to(dev, torch.float32).contiguous()
-    split = route_mode(logits.shape[0], logits.shape[1]) == "split"
-    launch = base_route_split if split else base_route_select
-    ids, w, counts, removed = launch(
-        logits, yhat, b, budget.contiguous(), top_k=top_k, renormalize=norm_topk_prob,
-        backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
-        alpha=config.renorm_alpha, table=table, ids_dtype=ids_dtype)
+    mode = route_mode(logits.shape[0], logits.shape[1])
+    kw = dict(top_k=top_k, renormalize=norm_topk_prob, backfill=config.backfill,
+              combine=config.combine_mode(norm_topk_prob), alpha=config.renorm_alpha, table=table,
+              ids_dtype=ids_dtype)
+    if mode in ("split", "joined"):
+        ids, w, counts, removed = base_route_split(logits, yhat, b, budget.contiguous(), **kw,
+                                                   joined=mode == "joined")
+    else:
+        ids, w, counts, removed = base_route_select(logits, yhat, b, budget.contiguous(), **kw)
     return Selection(ids, w, SelectionStats(counts[0], counts[1], removed[0]))
