@@ -19,8 +19,6 @@ Times (CUDA-graph replay, median) for each shape and decode batch T, budget M = 
               yhat: one launch, the baseline the folded launch replaces)
   folded_us   GEMM [T, H] x [H, 2E] + base_route_select (top-k + BASE)
   split_us    the same GEMM + base_route_split (top-k + BASE in two launches, default tiles)
-  joined_us   the same GEMM + base_route_split(joined=True) (those two in one cooperative launch,
-              a grid barrier between them)
   unfolded_us the same dense routing + base_select_experts (triton_us's path) after it
   torch_topk_us GEMM + torch softmax / topk / renormalise (SGLang's native path), for reference
   folded_share = (folded_us - router_us) / dense_us: what BASE adds to the router, as a share of
@@ -111,11 +109,6 @@ def folded_times(x, r, pred, bud, cfg, s, M) -> dict:
         return base_route_split(scores[:, :E], scores[:, E:], b, bud, top_k=K, renormalize=norm,
                                 **comb)
 
-    def joined():
-        scores = x @ w2.T  # [T, 2E]
-        return base_route_split(scores[:, :E], scores[:, E:], b, bud, top_k=K, renormalize=norm,
-                                **comb, joined=True)
-
     def unfolded():
         logits, (ids, w, _, _) = dense_route()
         return base_select_experts(logits, ids, w, x, bud, 0, cfg, pred, norm_topk_prob=norm)
@@ -130,7 +123,6 @@ def folded_times(x, r, pred, bud, cfg, s, M) -> dict:
             "router_us": round(graph_time_us(dense_route), 2),
             "folded_us": round(graph_time_us(folded), 2),
             "split_us": round(graph_time_us(split), 2),
-            "joined_us": round(graph_time_us(joined), 2),
             "unfolded_us": round(graph_time_us(unfolded), 2),
             "torch_topk_us": round(graph_time_us(torch_topk), 2)}
 

@@ -37,8 +37,6 @@ Prints one PASS/FAIL line per check and exits 1 on any failure; writes checks.js
     --only sched       section 10 alone
     --only split       the two-launch route-select (base_route_split) == the core, its tilings,
                        == the one launch bitwise at the same tiling, repeat calls, a graph replay
-    --only joined      the joined launch (two parts, one grid barrier) == the two launches bitwise,
-                       == the core, repeat calls, graph replays at T = 16 / 64
     --shapes a,b       restrict every section to these shapes (default: all three)
     --moe-paths a,b    sections 8 and 9 for these launch structures only (MOE_PATHS, default)
 """
@@ -702,49 +700,6 @@ def check_route_split() -> None:
         os.environ.pop("BASE_ROUTE", None)
 
 
-def check_route_joined() -> None:
-    """The joined launch (BASE_ROUTE=joined: base_route_split's two parts in one cooperative launch,
-    a grid barrier between them) == the two launches bit for bit (ids, weights, counts, removed)
-    at three shapes, T in {1, 8, 16, 32, 64, 128}, every budget kind; == core.routing; 50 repeat
-    calls bitwise (the barrier counter is never reset); a CUDA graph with changed budgets == eager."""
-    from base_sglang.kernels import route_select_experts
-
-    os.environ["BASE_ROUTE"] = "joined"
-    try:
-        if DEVICE == "cuda":
-            check_route_graph(T=16, name="joined_graph_replay/T=16")
-            check_route_graph(T=64, name="joined_graph_replay/T=64")
-        for shape, s in SHAPES.items():
-            E, K, norm = s["E"], s["K"], s["norm_topk_prob"]
-            for T in ((1, 8, 16, 32, 64, 128) if DEVICE == "cuda" else (5, 20)):
-                w2, z, pred = route_case(shape, T, seed=T + 500)
-                scores = z @ w2.T
-                logits, yhat = scores[:, :E], scores[:, E:]
-                bad, worst = route_cases(logits, yhat, pred, K, norm, [("base_plus", True), ("base", True)])
-                record(f"joined/{shape}/T={T}", not bad, cases=5 * 2, max_w_diff=worst, failures=bad[:4])
-                cfg = SelectionConfig(policy="base_plus")
-                differ = []
-                for bname, bud in budgets(T, E, K).items():
-                    one = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
-                    os.environ["BASE_ROUTE"] = "split"
-                    two = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
-                    os.environ["BASE_ROUTE"] = "joined"
-                    if not (torch.equal(one.ids, two.ids) and torch.equal(one.weights, two.weights)
-                            and int(one.stats.num_kept) == int(two.stats.num_kept)
-                            and int(one.stats.num_union) == int(two.stats.num_union)
-                            and torch.equal(one.stats.removed_cost, two.stats.removed_cost)):
-                        differ.append(bname)
-                record(f"joined_vs_split_bitwise/{shape}/T={T}", not differ, failures=differ)
-                bud = budgets(T, E, K)["mixed"]
-                first = route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K, norm_topk_prob=norm)
-                same = all(torch.equal(first.ids, o.ids) and torch.equal(first.weights, o.weights)
-                           for o in (route_select_experts(logits, yhat, bud, 0, cfg, pred, top_k=K,
-                                                          norm_topk_prob=norm) for _ in range(50)))
-                record(f"joined_repeat/{shape}/T={T}", same, calls=50)
-    finally:
-        os.environ.pop("BASE_ROUTE", None)
-
-
 def check_route_graph(T: int = 16, name: str = "route_graph_replay") -> None:
     from base_sglang.kernels import route_select_experts
 
@@ -772,7 +727,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--quick", action="store_true", help="Qwen3 shape only, fewer T")
     ap.add_argument("--only", choices=["base_plus", "graph", "fused", "barrier", "moe", "route",
-                                       "compact", "split", "joined", "sched"],
+                                       "compact", "split", "sched"],
                     help="run one group of sections only")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--moe-paths", default="", help=f"sections 8-9 only for these of {sorted(MOE_PATHS)}"
@@ -813,8 +768,6 @@ def main() -> int:
         checks = [check_route_compact]
     elif args.only == "split":
         checks = [check_route_split]
-    elif args.only == "joined":
-        checks = [check_route_joined]
     elif args.only == "sched":
         checks = [check_sched]
     elif args.only == "graph":

@@ -153,8 +153,9 @@ def ab_table(folder: str) -> str:
 
 def route_table(rows: list[dict]) -> str:
     """Per (shape, T): the routing sequences as CUDA graphs, and what BASE adds to the dense
-    routing with the folded launch, its two-launch form (split) and the unfolded selection;
-    "by the rule" = route_mode."""
+    routing with the folded launch, its two-launch form (split) and the unfolded selection, and the
+    joined launch in the runs that timed it (joined_us: the split's two parts in one cooperative
+    launch, measured at commit 440a2ca and removed since); "by the rule" = route_mode."""
     from base_sglang.kernels.select_experts import route_mode
 
     experts = {"qwen3-30b-a3b": 128, "olmoe-1b-7b": 64, "mixtral-8x7b": 8}
@@ -177,8 +178,7 @@ def route_table(rows: list[dict]) -> str:
                 for k in ("split", "joined")}
         its = adds.get(mode)
         share = f"{its / r['dense_moe_us']:.1%}" if its is not None else "-"
-        name = {"fold": "folded", "split": "two launches", "joined": "joined",
-                "unfold": "unfolded"}[mode]
+        name = {"fold": "folded", "split": "two launches", "unfold": "unfolded"}[mode]
         j, ja = (f" {cell['joined'][0]} |", f" {cell['joined'][1]} |") if joined else ("", "")
         out.append(f"| {r['shape']} | {r['T']} | {r['gemm_us']:.1f} | {r['gemm2_us']:.1f} | "
                    f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {cell['split'][0]} |{j} "

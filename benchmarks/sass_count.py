@@ -42,7 +42,11 @@ from kernel_common import SHAPES  # noqa: E402
 
 from base_sglang.kernels.base_fused import ID_BITS, SENTINEL  # noqa: E402
 from base_sglang.kernels.base_route import _base_route_kernel, _top_of_s, route_blocks  # noqa: E402
-from base_sglang.kernels.base_route_split import _split_kernel, split_blocks  # noqa: E402
+from base_sglang.kernels.base_route_split import (  # noqa: E402
+    _split_route_kernel,
+    _split_select_kernel,
+    split_blocks,
+)
 from base_sglang.kernels.moe_one import _moe_one_kernel, programs_fit  # noqa: E402
 from base_sglang.kernels.utils import BAR_BITS  # noqa: E402
 
@@ -51,7 +55,7 @@ SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr
                  table_ptr="*fp32", out_ids_ptr="*i32", out_w_ptr="*fp32", counts_ptr="*i64",
                  removed_ptr="*fp32", ws_ptr="*fp32", T="i32", stride_l="i32", stride_y="i32",
                  alpha="fp32", part_ptr="*fp32", bits_ptr="*i32", rows_ptr="*fp32", kth_ptr="*i64",
-                 pk_ptr="*fp32", bar_ptr="*i32",
+                 pk_ptr="*fp32",
                  # kernels/moe_one.py
                  x_ptr="*bf16", ids_ptr="*i32", wt_ptr="*fp32", gu_ptr="*bf16", dn_ptr="*bf16",
                  act_ptr="*bf16", po_ptr="*fp32", y_ptr="*bf16", sync_ptr="*i32", trace_ptr="*i64",
@@ -185,29 +189,25 @@ def route_sass(shape: str, T: int, tiles: str | None = None) -> dict:
 
 def split_sass(shape: str, T: int, tiles: str | None = None) -> dict:
     """The two launches of base_route_split for one shape and T (as route_sass: budget select,
-    base_plus weights, bf16 logits): instructions and longest path of each, and the summed path;
-    and the joined launch (both parts, the grid barrier between them; its spin loop counts once)."""
+    base_plus weights, bf16 logits): instructions and longest path of each, and the summed path."""
     s = SHAPES[shape]
     E, K = s["E"], s["K"]
     cfg = tiled(split_blocks, "BASE_ROUTE_SPLIT_TILES", tiles, T, E, K)
-    consts = dict(E=E, K=K, BLOCK_E=cfg["BLOCK_E"], BLOCK_KK=cfg["BLOCK_KK"], BLOCK_T=cfg["BLOCK_T"],
-                  N_CHUNKS=cfg["N_CHUNKS"], BLOCK_B=cfg["BLOCK_B"], RENORM=s["norm_topk_prob"],
-                  BACKFILL=True, COMBINE=2 if s["norm_topk_prob"] else 1, HAS_TABLE=False,
-                  KEY32=True, ITER=cfg["ITER"], SCRATCH=True, COMPACT=cfg["COMPACT"],
-                  SLOT_R=cfg["SLOT_R"], USE_PDL=True, ID_BITS=ID_BITS, SENT=-(1 << 31),
-                  BAR_BITS=BAR_BITS)
-    ints = dict(T=T, stride_l=2 * E, stride_y=2 * E)
-    r1 = compile_sm90(_split_kernel, dict(consts, ROLE=1), ints, cfg["warps1"])
-    r2 = compile_sm90(_split_kernel, dict(consts, ROLE=2), ints, cfg["warps2"])
-    r0 = compile_sm90(_split_kernel, dict(consts, ROLE=0), ints, cfg["warps2"])
-    p1, p2, p0 = longest_path(r1["lined"]), longest_path(r2["lined"]), longest_path(r0["lined"])
+    common = dict(E=E, K=K, BLOCK_E=cfg["BLOCK_E"], BLOCK_KK=cfg["BLOCK_KK"], BLOCK_T=cfg["BLOCK_T"],
+                  RENORM=s["norm_topk_prob"], KEY32=True, ITER=cfg["ITER"], USE_PDL=True,
+                  ID_BITS=ID_BITS, SENT=-(1 << 31))
+    r1 = compile_sm90(_split_route_kernel, common, dict(T=T, stride_l=2 * E, stride_y=2 * E),
+                      cfg["warps1"])
+    r2 = compile_sm90(_split_select_kernel,
+                      dict(common, N_CHUNKS=cfg["N_CHUNKS"], BLOCK_B=cfg["BLOCK_B"], BACKFILL=True,
+                           COMBINE=2 if s["norm_topk_prob"] else 1, HAS_TABLE=False, SCRATCH=True,
+                           COMPACT=cfg["COMPACT"], SLOT_R=cfg["SLOT_R"]),
+                      dict(T=T, stride_l=2 * E), cfg["warps2"])
+    p1, p2 = longest_path(r1["lined"]), longest_path(r2["lined"])
     return dict(instructions=r1["instructions"] + r2["instructions"], path=p1 + p2,
                 route_instructions=r1["instructions"], route_path=p1, route_registers=r1["registers"],
                 select_instructions=r2["instructions"], select_path=p2,
-                select_registers=r2["registers"], joined_instructions=r0["instructions"],
-                joined_path=p0, joined_registers=r0["registers"],
-                joined_atomics=sum(n for o, n in r0["opcodes"].items() if o in ("ATOMG", "ATOM", "RED", "REDG")),
-                stack=max(r1["stack"], r2["stack"], r0["stack"]),
+                select_registers=r2["registers"], stack=max(r1["stack"], r2["stack"]),
                 registers=max(r1["registers"], r2["registers"]),
                 opcodes=r1["opcodes"] + r2["opcodes"])
 
@@ -303,8 +303,7 @@ def main() -> int:
                 rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items() if k != "opcodes"}))
                 print(f"T={T:<3} split tiles {tiles or 'default':12} route {r['route_instructions']:5} "
                       f"path {r['route_path']:5} | select {r['select_instructions']:5} path "
-                      f"{r['select_path']:5} | path sum {r['path']:5} | joined {r['joined_instructions']:5} "
-                      f"path {r['joined_path']:5}  stack {r['stack']}")
+                      f"{r['select_path']:5} | path sum {r['path']:5}  stack {r['stack']}")
                 continue
             r = route_sass(args.shape, T, tiles)
             rows.append(dict(T=T, tiles=tiles, **{k: v for k, v in r.items()

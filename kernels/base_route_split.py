@@ -1,5 +1,4 @@
-"""The router's softmax top-k and BASE's selection in TWO launches (or two phases of one launch
-with a grid barrier between them: "joined"), from a folded router GEMM.
+"""The router's softmax top-k and BASE's selection in TWO launches, from a folded router GEMM.
 
 Same inputs, outputs and rules as base_route_select (kernels/base_route.py); the work is split so
 that no program recomputes another program's rows:
@@ -15,10 +14,6 @@ that no program recomputes another program's rows:
            something is dropped (M < |union|) and leaving it as it is otherwise.
 The one-launch kernel's chain at T > BT repeats the router and the scoring of every chunk in every
 program; here each program routes BT rows once, and launch 2 starts (PDL) while launch 1 drains.
-Joined (one cooperative launch, _split_kernel ROLE 0): the programs run launch 1's part, meet at
-base_fused's counter barrier and run launch 2's part: one dependent launch fewer in the decode step
-(the two launches measured slower than the one-launch kernel in SGLang's step at B = 16, by the
-second launch's gap, though faster alone).
 Workspace per call: part [R, BE] fp32, bits [R, BE / G] int32, rows [T, 3] fp32 (max, denominator,
 routed mass), kth [T] int64, p_k [T, KK] fp32, scratch [R, BE] fp32. R = cdiv(T, BT) programs.
 The oracle is base_sglang.core.select_experts fed the same top-k and log_norms (core.routing).
@@ -48,23 +43,33 @@ from base_sglang.kernels.base_route import (
 )
 from base_sglang.kernels.base_select import COMBINE_MODES, batch_budget
 from base_sglang.kernels.utils import (
-    BAR_BITS,
-    barrier_buffer,
-    is_interpreter,
     launch_kwargs,
     use_pdl,
 )
 
 
 @triton.jit
-def _route_part(
-    logits_ptr, yhat_ptr, budget_ptr, out_ids_ptr, out_w_ptr, part_ptr, bits_ptr, rows_ptr, kth_ptr,
-    pk_ptr, T, stride_l, stride_y, b_e, pid, es, emask, kk, ts, tmask, m2,
+def _split_route_kernel(
+    logits_ptr, yhat_ptr, b_ptr, budget_ptr,
+    out_ids_ptr, out_w_ptr, part_ptr, bits_ptr, rows_ptr, kth_ptr, pk_ptr,
+    T, stride_l, stride_y,
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, RENORM: tl.constexpr, KEY32: tl.constexpr, ITER: tl.constexpr,
-    ID_BITS: tl.constexpr, SENT: tl.constexpr, G: tl.constexpr,
+    USE_PDL: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr,
 ):
-    """Launch 1's work on this program's rows (after the producer's writes are visible)."""
+    pid = tl.program_id(0)
+    G: tl.constexpr = 8 if BLOCK_E >= 8 else BLOCK_E  # experts per union word
+    es = tl.arange(0, BLOCK_E)  # [BE]
+    emask = es < E
+    kk = tl.arange(0, BLOCK_KK)  # [KK]
+    kmask = kk < K
+    ts = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] this program's rows
+    tmask = ts < T
+    m2 = tmask[:, None] & kmask[None, :]
+    b_e = tl.load(b_ptr + es, mask=emask, other=0.0).to(tl.float32)  # static: before the wait
+    if USE_PDL:  # wait for the router GEMM, then let launch 2 start early
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     lg, valid = _load_rows(logits_ptr, stride_l, ts, tmask, es, emask)  # [BT, BE]
     yh, _v = _load_rows(yhat_ptr, stride_y, ts, tmask, es, emask)  # [BT, BE]
     real = tl.load(budget_ptr + ts, mask=tmask, other=-1) >= 0  # [BT]
@@ -96,29 +101,38 @@ def _route_part(
 
 
 @triton.jit
-def _select_part(
-    logits_ptr, budget_ptr, table_ptr, out_ids_ptr, out_w_ptr, part_ptr, bits_ptr, rows_ptr,
-    kth_ptr, pk_ptr, counts_ptr, removed_ptr, ws_ptr, T, stride_l, alpha,
-    pid, es, emask, kk, ts, tmask, m2,
+def _split_select_kernel(
+    logits_ptr, budget_ptr, table_ptr,
+    out_ids_ptr, out_w_ptr, part_ptr, bits_ptr, rows_ptr, kth_ptr, pk_ptr,
+    counts_ptr, removed_ptr, ws_ptr,
+    T, stride_l, alpha,
     E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
     BLOCK_T: tl.constexpr, N_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
     RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr, HAS_TABLE: tl.constexpr,
     KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr, COMPACT: tl.constexpr,
-    SLOT_R: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr, G: tl.constexpr,
+    SLOT_R: tl.constexpr, USE_PDL: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr,
 ):
-    """Launch 2's work on this program's rows (after every program's launch-1 writes are
-    visible). The chunk shares are read through L2 (.cg): in the joined launch another SM wrote
-    them after this kernel started."""
+    pid = tl.program_id(0)
+    G: tl.constexpr = 8 if BLOCK_E >= 8 else BLOCK_E
+    es = tl.arange(0, BLOCK_E)  # [BE]
+    emask = es < E
+    kk = tl.arange(0, BLOCK_KK)  # [KK]
+    kmask = kk < K
+    ts = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
+    tmask = ts < T
+    m2 = tmask[:, None] & kmask[None, :]
     gs = tl.arange(0, BLOCK_E // G)
+    if USE_PDL:  # wait for launch 1 (its writes are visible after the wait)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n_chunks = tl.cdiv(T, BLOCK_T)
     d = tl.zeros([BLOCK_E], dtype=tl.float32)
     words = tl.zeros([BLOCK_E // G], dtype=tl.int32)
     for c in tl.static_range(N_CHUNKS):  # independent loads; the adds in chunk order
         # (vector masks: chunk c exists when c < n_chunks)
-        d += tl.load(part_ptr + c * BLOCK_E + es, mask=es * 0 + c < n_chunks, other=0.0,
-                     cache_modifier=".cg")
+        d += tl.load(part_ptr + c * BLOCK_E + es, mask=es * 0 + c < n_chunks, other=0.0)
         words = words | tl.load(bits_ptr + c * (BLOCK_E // G) + gs, mask=gs * 0 + c < n_chunks,
-                                other=0, cache_modifier=".cg")
+                                other=0)
     m = batch_budget(budget_ptr, T, table_ptr, E, BLOCK_B, HAS_TABLE)
     in_union = _union_of(words, es, BLOCK_E, G) & emask  # [BE]
     n_union = tl.sum(in_union.to(tl.int32), axis=0)
@@ -146,60 +160,6 @@ def _select_part(
         tl.store(counts_ptr, n_union.to(tl.int64))
         tl.store(counts_ptr + 1, n_union.to(tl.int64))
         tl.store(removed_ptr, 0.0)
-
-
-@triton.jit
-def _split_kernel(
-    logits_ptr, yhat_ptr, b_ptr, budget_ptr, table_ptr,
-    out_ids_ptr, out_w_ptr, part_ptr, bits_ptr, rows_ptr, kth_ptr, pk_ptr,
-    counts_ptr, removed_ptr, ws_ptr, bar_ptr,
-    T, stride_l, stride_y, alpha,
-    E: tl.constexpr, K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KK: tl.constexpr,
-    BLOCK_T: tl.constexpr, N_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
-    RENORM: tl.constexpr, BACKFILL: tl.constexpr, COMBINE: tl.constexpr, HAS_TABLE: tl.constexpr,
-    KEY32: tl.constexpr, ITER: tl.constexpr, SCRATCH: tl.constexpr, COMPACT: tl.constexpr,
-    SLOT_R: tl.constexpr, USE_PDL: tl.constexpr, ID_BITS: tl.constexpr, SENT: tl.constexpr,
-    BAR_BITS: tl.constexpr, ROLE: tl.constexpr,
-):
-    """ROLE 1: launch 1; ROLE 2: launch 2; ROLE 0: both in one launch, a grid barrier between
-    them (every program resident: a cooperative launch)."""
-    pid = tl.program_id(0)
-    G: tl.constexpr = 8 if BLOCK_E >= 8 else BLOCK_E  # experts per union word
-    es = tl.arange(0, BLOCK_E)  # [BE]
-    emask = es < E
-    kk = tl.arange(0, BLOCK_KK)  # [KK]
-    kmask = kk < K
-    ts = pid * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT] this program's rows
-    tmask = ts < T
-    m2 = tmask[:, None] & kmask[None, :]
-    if ROLE != 2:
-        b_e = tl.load(b_ptr + es, mask=emask, other=0.0).to(tl.float32)  # static: before the wait
-    if USE_PDL:  # wait for the producer (the router GEMM, or launch 1), then let the next launch
-        tl.extra.cuda.gdc_wait()  # start early
-        tl.extra.cuda.gdc_launch_dependents()
-    if ROLE != 2:
-        _route_part(logits_ptr, yhat_ptr, budget_ptr, out_ids_ptr, out_w_ptr, part_ptr, bits_ptr,
-                    rows_ptr, kth_ptr, pk_ptr, T, stride_l, stride_y, b_e, pid, es, emask, kk, ts,
-                    tmask, m2, E, K, BLOCK_E, BLOCK_KK, BLOCK_T, RENORM, KEY32, ITER, ID_BITS,
-                    SENT, G)
-    if ROLE == 0:  # grid barrier: base_fused's counter (every launch adds exactly 2^BAR_BITS, so
-        # it is never reset; a program's own arrival tells it its launch)
-        tl.debug_barrier()  # every thread's launch-1 stores happen before the arrival (release)
-        n_prog = tl.num_programs(0)
-        inc = tl.where(pid == 0, (1 << BAR_BITS) - (n_prog - 1), 1)
-        old = tl.atomic_add(bar_ptr, inc, sem="acq_rel", scope="gpu")
-        high = -(1 << BAR_BITS)  # int32 mask of the launch bits
-        base = old & high
-        polls = 0  # bounded (~2^22 polls, seconds), so a broken counter cannot hang the GPU
-        while ((tl.load(bar_ptr, volatile=True) & high) == base) & (polls < (1 << 22)):
-            polls += 1
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    if ROLE != 1:
-        _select_part(logits_ptr, budget_ptr, table_ptr, out_ids_ptr, out_w_ptr, part_ptr, bits_ptr,
-                     rows_ptr, kth_ptr, pk_ptr, counts_ptr, removed_ptr, ws_ptr, T, stride_l,
-                     alpha, pid, es, emask, kk, ts, tmask, m2, E, K, BLOCK_E, BLOCK_KK, BLOCK_T,
-                     N_CHUNKS, BLOCK_B, RENORM, BACKFILL, COMBINE, HAS_TABLE, KEY32, ITER, SCRATCH,
-                     COMPACT, SLOT_R, ID_BITS, SENT, G)
 
 
 def split_blocks(T: int, E: int, K: int) -> dict:
@@ -247,18 +207,12 @@ def base_route_split(
     alpha: float = 0.5,
     table: torch.Tensor | None = None,  # [E+1] fp32 this layer's schedule (base_sched), or None
     ids_dtype: torch.dtype = torch.int32,
-    joined: bool = False,  # GPU: both launches' work in one, a grid barrier between them
 ):
-    """base_route_select's result in two launches, or with joined=True in one cooperative launch
-    whose programs meet at a grid barrier where launch 2 would start (route_mode "joined"; the
-    same code on both sides of it, so the same bits). Under the interpreter (programs run one
-    after another: a spin would never end) joined runs as the two launches. Returns (ids [T, K]
-    ids_dtype, -1 dropped; weights [T, K] fp32, 0 dropped; counts [2] int64 (union, kept);
-    removed [1] fp32).
+    """base_route_select's result in two launches. Returns (ids [T, K] ids_dtype, -1 dropped;
+    weights [T, K] fp32, 0 dropped; counts [2] int64 (union, kept); removed [1] fp32).
 
     Contract: T rows of finite logits; K <= E. No host sync; graph-capturable (budgets are read on
-    the device; the workspace is allocated per call, as the outputs are). Joined launches on one
-    stream share one barrier counter (they are serialised).
+    the device; the workspace is allocated per call, as the outputs are).
     """
     T, E = logits.shape
     dev = logits.device
@@ -281,20 +235,16 @@ def base_route_split(
     ws = torch.empty(grid[0] * be, **f32)
     pdl = use_pdl(dev)
     key32 = logits.dtype == torch.bfloat16 and E <= 65536  # bf16 logits order by 16 bits
-    one = joined and dev.type == "cuda" and not is_interpreter()
-    args = (logits, yhat, b, budget, table if table is not None else logits, out_ids, out_w, part,
-            bits, rows, kth, pk, counts, removed, ws, barrier_buffer(dev) if one else counts,
-            T, logits.stride(0), yhat.stride(0), float(alpha))
-    consts = dict(E=E, K=K, BLOCK_E=be, BLOCK_KK=kk, BLOCK_T=bt, N_CHUNKS=cfg["N_CHUNKS"],
-                  BLOCK_B=cfg["BLOCK_B"], RENORM=bool(renormalize), BACKFILL=backfill,
-                  COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, KEY32=key32,
-                  ITER=cfg["ITER"], SCRATCH=True, COMPACT=cfg["COMPACT"], SLOT_R=cfg["SLOT_R"],
-                  USE_PDL=pdl, ID_BITS=ID_BITS, SENT=-(1 << 31) if key32 else SENTINEL,
-                  BAR_BITS=BAR_BITS)
-    if one:  # launch 2's warps (SLOT_R follows them); every program resident for the barrier
-        _split_kernel[grid](*args, **consts, ROLE=0, num_warps=warps2,
-                            launch_cooperative_grid=True, **launch_kwargs(pdl))
-        return out_ids, out_w, counts, removed
-    _split_kernel[grid](*args, **consts, ROLE=1, num_warps=warps1, **launch_kwargs(pdl))
-    _split_kernel[grid](*args, **consts, ROLE=2, num_warps=warps2, **launch_kwargs(pdl))
+    sent = -(1 << 31) if key32 else SENTINEL
+    common = dict(E=E, K=K, BLOCK_E=be, BLOCK_KK=kk, BLOCK_T=bt, RENORM=bool(renormalize),
+                  KEY32=key32, ITER=cfg["ITER"], USE_PDL=pdl, ID_BITS=ID_BITS, SENT=sent)
+    _split_route_kernel[grid](
+        logits, yhat, b, budget, out_ids, out_w, part, bits, rows, kth, pk,
+        T, logits.stride(0), yhat.stride(0), **common, num_warps=warps1, **launch_kwargs(pdl))
+    _split_select_kernel[grid](
+        logits, budget, table if table is not None else logits, out_ids, out_w, part, bits, rows,
+        kth, pk, counts, removed, ws, T, logits.stride(0), float(alpha), **common,
+        N_CHUNKS=cfg["N_CHUNKS"], BLOCK_B=cfg["BLOCK_B"], BACKFILL=backfill,
+        COMBINE=COMBINE_MODES[combine], HAS_TABLE=table is not None, SCRATCH=True,
+        COMPACT=cfg["COMPACT"], SLOT_R=cfg["SLOT_R"], num_warps=warps2, **launch_kwargs(pdl))
     return out_ids, out_w, counts, removed

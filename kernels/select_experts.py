@@ -118,9 +118,11 @@ def route_mode(T: int, E: int) -> str:
              unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
              unfolded; at B = 32 end to end within noise of the one launch).
       unfold above (not measured there).
-      joined (the split's two parts in one cooperative launch, a grid barrier between them:
-             kernels/base_route_split.py joined=True) only when forced, until it is measured.
-    BASE_ROUTE=fold|split|joined|unfold overrides it (benchmarks)."""
+    The split's two parts in one cooperative launch with a grid barrier between them (commit
+    440a2ca) were slower than the two launches at every T on an H100 (Qwen3 T = 16: 11.8 against
+    10.7 us) and no faster end to end at B = 16, so that launch was removed (BENCHMARKS.md,
+    "The joined route-select").
+    BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
     forced = os.environ.get("BASE_ROUTE", "")
     if forced:
         if forced not in ROUTE_MODES:
@@ -158,8 +160,7 @@ def route_select_experts(
     ids_dtype: torch.dtype = torch.int32,
 ) -> Selection:
     """The router's softmax top-k + BASE in one launch (kernels.base_route), or in two where
-    route_mode says "split" (kernels.base_route_split), or in its joined launch ("joined");
-    CPU: core.routing."""
+    route_mode says "split" (kernels.base_route_split); CPU: core.routing."""
     from base_sglang.core.routing import route_select
 
     if not route_foldable(config, layer_id, predictor):
@@ -177,13 +178,10 @@ def route_select_experts(
     table = None
     if config.policy == "base_sched":
         table = predictor.layer_schedule(layer_id, logits.shape[0]).to(dev, torch.float32).contiguous()
-    mode = route_mode(logits.shape[0], logits.shape[1])
-    kw = dict(top_k=top_k, renormalize=norm_topk_prob, backfill=config.backfill,
-              combine=config.combine_mode(norm_topk_prob), alpha=config.renorm_alpha, table=table,
-              ids_dtype=ids_dtype)
-    if mode in ("split", "joined"):
-        ids, w, counts, removed = base_route_split(logits, yhat, b, budget.contiguous(), **kw,
-                                                   joined=mode == "joined")
-    else:
-        ids, w, counts, removed = base_route_select(logits, yhat, b, budget.contiguous(), **kw)
+    split = route_mode(logits.shape[0], logits.shape[1]) == "split"
+    launch = base_route_split if split else base_route_select
+    ids, w, counts, removed = launch(
+        logits, yhat, b, budget.contiguous(), top_k=top_k, renormalize=norm_topk_prob,
+        backfill=config.backfill, combine=config.combine_mode(norm_topk_prob),
+        alpha=config.renorm_alpha, table=table, ids_dtype=ids_dtype)
     return Selection(ids, w, SelectionStats(counts[0], counts[1], removed[0]))

@@ -14,8 +14,6 @@
 #   split    check_kernels_gpu.py --only split: the two-launch route-select (base_route_split) ==
 #            core.routing at three shapes, T 16/64/128, its tilings, == the one launch bitwise at
 #            the same tiling, repeat calls, a graph replay            -> OUT/checks.json, split.log
-#   joined   check_kernels_gpu.py --only joined: the joined launch (BASE_ROUTE=joined) == the two
-#            launches bitwise, == core.routing, repeat calls, graph replays  -> OUT/checks.json, joined.log
 #   splitsweep gpu/sweep_split.py: router / one launch / unfolded / two launches (each tiling)
 #            at T 8-128                                               -> OUT/sweep_split.json
 #   pytest   tests/kernels on CUDA (PYTEST_PATHS: other test paths)   -> OUT/pytest.log
@@ -61,10 +59,6 @@ for part in $PARTS; do
             timeout -k 10 ${SPLIT_S:-200} python3 benchmarks/check_kernels_gpu.py --only split --out "$OUT" \
                 > "$OUT/split.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/split.log" | cut -c1-200 | tail -12 ;;
-        joined) echo "=== joined route-select == two launches == core"
-            timeout -k 10 ${JOINED_S:-200} python3 benchmarks/check_kernels_gpu.py --only joined --out "$OUT" \
-                > "$OUT/joined.log" 2>&1 || status=1
-            grep -E "FAIL|checks passed" "$OUT/joined.log" | cut -c1-200 | tail -12 ;;
         full) echo "=== MoE layer, shipped defaults (--no-tune), SGLang's kernel beside ours"
             unpack_sglang_wheel
             timeout -k 10 ${FULL_S:-240} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
@@ -114,7 +108,7 @@ for part in $PARTS; do
             python3 benchmarks/gpu/ncu_summary.py "$OUT/ncu_source_sass.csv" "$OUT/ncu_details.txt" \
                 "$OUT/ncu_sass_summary.json" || status=1
             head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
-        *) echo "unknown part '$part' (check compact sched split joined splitsweep pytest select full sweep profile ncu)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check compact sched split splitsweep pytest select full sweep profile ncu)" >&2; exit 2 ;;
     esac
 done
 exit $status

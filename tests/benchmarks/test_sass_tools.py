@@ -58,11 +58,6 @@ def test_two_launches_shorten_the_qwen3_t64_chain(tmp_path):
     assert two["stack"] == 0 and two["route_path"] > 0 and two["select_path"] > 0
     assert two["path"] == two["route_path"] + two["select_path"]
     assert two["path"] < 0.5 * one["path"], (two, one)
-    # the joined launch (route_mode "joined"): the same two parts and the grid barrier's atomics
-    # (the arrival; the acquire compiles to an L1 invalidate) in one kernel; its path is the two
-    # paths plus the barrier, not more (Triton 3.9: 770 + 1221 = 1991 two launches, 2013 joined)
-    assert two["joined_atomics"] >= 1 and two["joined_registers"] > 0
-    assert two["path"] < two["joined_path"] <= two["path"] + 120, two
 
 
 def _source_csv(path: Path) -> None:

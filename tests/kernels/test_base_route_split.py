@@ -97,25 +97,6 @@ def test_equals_the_one_launch_kernel_bitwise(T, M, dtype, monkeypatch):
     assert torch.equal(one.stats.removed_cost, two.stats.removed_cost)
 
 
-@pytest.mark.parametrize("T,E,K,M", [(16, 128, 8, 16), (33, 64, 8, 24), (7, 32, 4, 0)])
-def test_joined_mode_equals_the_core(T, E, K, M, monkeypatch):
-    # BASE_ROUTE=joined: route_select_experts calls base_route_split(joined=True); on the GPU one
-    # cooperative launch with a grid barrier (checked against these two launches bit for bit by
-    # benchmarks/check_kernels_gpu.py --only split), under the interpreter the two launches
-    monkeypatch.setenv("BASE_ROUTE", "joined")
-    got, *_ = check_route(T, E, K, [M] * (T - 1) + [-1], seed=T)
-    assert int(got.stats.num_kept) == min(M, int(got.stats.num_union))
-
-
-def test_joined_equals_the_two_launches_bitwise(split):
-    T, E, K = 24, 128, 8
-    scores, pred = folded_scores(T, E, 16, seed=6)
-    budget = torch.tensor([12] * (T - 2) + [-1, 12]).to(DEVICE)
-    two, one = (base_route_split(scores[:, :E], scores[:, E:], pred.bias[0], budget, top_k=K,
-                                 renormalize=True, combine="partial", joined=j) for j in (False, True))
-    assert all(torch.equal(a, b) for a, b in zip(two, one))
-
-
 def test_repeat_calls_are_bitwise_equal(split):
     T, E, K = 24, 128, 8
     scores, pred = folded_scores(T, E, 16, seed=4)
@@ -157,7 +138,7 @@ def test_route_mode_override(monkeypatch):
     assert [route_mode(T, 128) for T in (1, 8, 16, 31, 32, 64, 128, 129)] == \
         ["fold", "fold", "fold", "fold", "split", "split", "split", "unfold"]
     assert route_wins(16, 64) and not route_wins(256, 64)
-    for mode in ("fold", "split", "joined", "unfold"):
+    for mode in ("fold", "split", "unfold"):
         monkeypatch.setenv("BASE_ROUTE", mode)
         assert route_mode(64, 128) == mode and route_wins(64, 128) == (mode != "unfold")
     monkeypatch.setenv("BASE_ROUTE", "two")
