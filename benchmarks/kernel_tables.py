@@ -153,37 +153,31 @@ def ab_table(folder: str) -> str:
 
 def route_table(rows: list[dict]) -> str:
     """Per (shape, T): the routing sequences as CUDA graphs, and what BASE adds to the dense
-    routing with the folded launch, its two-launch form (split) and the unfolded selection, and the
-    joined launch in the runs that timed it (joined_us: the split's two parts in one cooperative
-    launch, measured at commit 440a2ca and removed since); "by the rule" = route_mode."""
+    routing with the folded launch, its two-launch form (split) and the unfolded selection;
+    "by the rule" = route_mode."""
     from base_sglang.kernels.select_experts import route_mode
 
     experts = {"qwen3-30b-a3b": 128, "olmoe-1b-7b": 64, "mixtral-8x7b": 8}
-    joined = any("joined_us" in r for r in rows)
-    j_head, j_sep = (" joined µs |", "---:|") if joined else ("", "")
-    ja_head, ja_sep = (" joined adds |", "---:|") if joined else ("", "")
     out = ["| shape | T | GEMM E µs | GEMM 2E µs | dense routing µs | folded + BASE µs | "
-           f"two launches µs |{j_head} dense routing + unfolded BASE µs | torch top-k µs | dense MoE µs | "
-           f"folded adds | two launches add |{ja_head} unfolded adds | by the rule | its share |",
-           f"|---|---:|---:|---:|---:|---:|---:|{j_sep}---:|---:|---:|---:|---:|{ja_sep}---:|---|---:|"]
+           "two launches µs | dense routing + unfolded BASE µs | torch top-k µs | dense MoE µs | "
+           "folded adds | two launches add | unfolded adds | by the rule | its share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         if "folded_us" not in r:
             continue
         mode = route_mode(r["T"], experts[r["shape"]])
         adds = {"fold": r["folded_us"] - r["router_us"], "unfold": r["unfolded_us"] - r["router_us"]}
-        for k in ("split", "joined"):
-            if f"{k}_us" in r:
-                adds[k] = r[f"{k}_us"] - r["router_us"]
-        cell = {k: (f"{r[k + '_us']:.1f}", f"{adds[k]:.1f}") if k in adds else ("-", "-")
-                for k in ("split", "joined")}
+        if "split_us" in r:
+            adds["split"] = r["split_us"] - r["router_us"]
+        split = f"{r['split_us']:.1f}" if "split_us" in r else "-"
+        split_add = f"{adds['split']:.1f}" if "split" in adds else "-"
         its = adds.get(mode)
         share = f"{its / r['dense_moe_us']:.1%}" if its is not None else "-"
         name = {"fold": "folded", "split": "two launches", "unfold": "unfolded"}[mode]
-        j, ja = (f" {cell['joined'][0]} |", f" {cell['joined'][1]} |") if joined else ("", "")
         out.append(f"| {r['shape']} | {r['T']} | {r['gemm_us']:.1f} | {r['gemm2_us']:.1f} | "
-                   f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {cell['split'][0]} |{j} "
-                   f"{r['unfolded_us']:.1f} | {r['torch_topk_us']:.1f} | {r['dense_moe_us']:.1f} | "
-                   f"{adds['fold']:.1f} | {cell['split'][1]} |{ja} {adds['unfold']:.1f} | {name} | {share} |")
+                   f"{r['router_us']:.1f} | {r['folded_us']:.1f} | {split} | {r['unfolded_us']:.1f} | "
+                   f"{r['torch_topk_us']:.1f} | {r['dense_moe_us']:.1f} | {adds['fold']:.1f} | "
+                   f"{split_add} | {adds['unfold']:.1f} | {name} | {share} |")
     return "\n".join(out)
 
 

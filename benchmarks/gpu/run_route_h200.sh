@@ -20,9 +20,8 @@
 #   select   bench_base_select.py: the unfolded selection as before, and the dense routing, the folded
 #            routing + BASE, the unfolded path after the dense routing, torch's top-k; shares of the
 #            dense layers of benchmarks/results/kernels_h200_moe/final  -> OUT/base_select.{csv,json}
-#            (DENSE_FROM: another folder's fused_moe.json, e.g. OUT after the part full)
-#   full     bench_fused_moe.py --no-tune with SGLang's kernel (carry .whl/sglang-0.5.23-moe.tar.gz),
-#            SHAPES and TOKENS as for select                          -> OUT/fused_moe.{csv,json}
+#            (DENSE_FROM: another folder's fused_moe.json, e.g. run_moe_h200.sh's part full; a
+#            folder without one: our dense layer timed here)
 #   sweep    gpu/sweep_route.py: (num_warps, rows per block, top-k method) of the folded launch
 #                                                                      -> OUT/sweep_route.json
 #   profile  gpu/profile_moe.py: per-kernel time of selection + fused_moe -> OUT/profile_moe.json
@@ -59,12 +58,6 @@ for part in $PARTS; do
             timeout -k 10 ${SPLIT_S:-200} python3 benchmarks/check_kernels_gpu.py --only split --out "$OUT" \
                 > "$OUT/split.log" 2>&1 || status=1
             grep -E "FAIL|checks passed" "$OUT/split.log" | cut -c1-200 | tail -12 ;;
-        full) echo "=== MoE layer, shipped defaults (--no-tune), SGLang's kernel beside ours"
-            unpack_sglang_wheel
-            timeout -k 10 ${FULL_S:-240} python3 benchmarks/bench_fused_moe.py --out "$OUT" --no-tune \
-                --sglang-root /tmp/sglang_whl --shapes ${SHAPES:-qwen3-30b-a3b,olmoe-1b-7b,mixtral-8x7b} \
-                --tokens ${TOKENS:-1,8,16,32,64} > "$OUT/bench_fused_moe.log" 2>&1 || status=1
-            grep -v -i warn "$OUT/bench_fused_moe.log" | tail -40 | cut -c1-140 ;;
         splitsweep) echo "=== two-launch route-select timing"
             timeout -k 10 ${SPLITSWEEP_S:-200} python3 benchmarks/gpu/sweep_split.py --out "$OUT" \
                 --budget-s $(( ${SPLITSWEEP_S:-200} - 20 )) --tokens ${SPLIT_T:-8,16,32,64,128} \
@@ -108,7 +101,7 @@ for part in $PARTS; do
             python3 benchmarks/gpu/ncu_summary.py "$OUT/ncu_source_sass.csv" "$OUT/ncu_details.txt" \
                 "$OUT/ncu_sass_summary.json" || status=1
             head -c 600 "$OUT/ncu_source.err"; rm -f "$rep" ;;
-        *) echo "unknown part '$part' (check compact sched split splitsweep pytest select full sweep profile ncu)" >&2; exit 2 ;;
+        *) echo "unknown part '$part' (check compact sched split splitsweep pytest select sweep profile ncu)" >&2; exit 2 ;;
     esac
 done
 exit $status

@@ -95,23 +95,6 @@ def test_route_table_takes_the_share_of_the_launch_the_rule_picks(tmp_path, monk
     assert lines[2].endswith("| 32.0 | 4.0 | 22.0 | unfolded | 11.0% |")
 
 
-def test_route_table_adds_the_joined_launch_where_timed(tmp_path, monkeypatch):
-    # the joined launch (measured at 440a2ca, removed since): its column shows in the runs that timed
-    # it, the share stays the launch the rule picks (the folded one at 16 rows)
-    monkeypatch.delenv("BASE_ROUTE", raising=False)
-    rows = [dict(_route_row("qwen3-30b-a3b", 16, 8.0, 13.0, 11.0, 14.0, 100.0), joined_us=10.0),
-            _route_row("olmoe-1b-7b", 16, 7.0, 10.0, 10.0, 14.0, 120.0)]  # an older run: no column
-    (tmp_path / "base_select.json").write_text(json.dumps({"rows": rows}))
-    out = _run("route", str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert "| two launches µs | joined µs |" in lines[0] and "| two launches add | joined adds |" in lines[0]
-    assert lines[0].count("|") == lines[1].count("|")
-    q, o = [x for x in lines if x.startswith(("| qwen3", "| olmoe"))]
-    assert q.endswith("| 5.0 | 3.0 | 2.0 | 6.0 | folded | 5.0% |") and "| 11.0 | 10.0 | 14.0 |" in q
-    assert o.endswith("| 3.0 | 3.0 | - | 7.0 | folded | 2.5% |")
-
-
 def test_split_sweep_table(tmp_path):
     cell = dict(shape="qwen3-30b-a3b", T=16, router_us=8.0, fold_us=13.4, unfold_us=14.0,
                 split_us=11.0, split_default="4,4,4", variants={"4,4,4,0,0": 10.9, "2,2,2": "error: x"})
