@@ -151,10 +151,10 @@ def ab_table(folder: str) -> str:
     return "\n".join(out)
 
 
-def route_table(rows: list[dict]) -> str:
+def route_table(rows: list[dict], gpu: str | None = None) -> str:
     """Per (shape, T): the routing sequences as CUDA graphs, and what BASE adds to the dense
     routing with the folded launch, its two-launch form (split) and the unfolded selection;
-    "by the rule" = route_mode."""
+    "by the rule" = route_mode on the GPU the rows were measured on (the file's "gpu")."""
     from base_sglang.kernels.select_experts import route_mode
 
     experts = {"qwen3-30b-a3b": 128, "olmoe-1b-7b": 64, "mixtral-8x7b": 8}
@@ -165,7 +165,7 @@ def route_table(rows: list[dict]) -> str:
     for r in rows:
         if "folded_us" not in r:
             continue
-        mode = route_mode(r["T"], experts[r["shape"]])
+        mode = route_mode(r["T"], experts[r["shape"]], gpu)
         adds = {"fold": r["folded_us"] - r["router_us"], "unfold": r["unfolded_us"] - r["router_us"]}
         if "split_us" in r:
             adds["split"] = r["split_us"] - r["router_us"]
@@ -458,10 +458,13 @@ def main() -> int:
     if kind == "trace_experts":  # its raw traces: when each expert's up and down units end
         print(trace_experts(args.folder))
         return 0
-    if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old
+    if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old (and repeats)
         pair = next((p for p in (("split", "fold"), ("run1", "run2"))
                      if os.path.isdir(os.path.join(args.folder, f"e2e_{p[0]}"))), ("new", "old"))
         print(profile_table(args.folder, *pair))
+        for n in range(2, 10):  # e2e_new_N / e2e_old_N, the repeats run_table_e2e_h200.sh names
+            if all(os.path.isdir(os.path.join(args.folder, f"e2e_{r}_{n}")) for r in pair):
+                print(f"\nrepeat {n}\n\n" + profile_table(args.folder, *(f"{r}_{n}" for r in pair)))
         return 0
     if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
         print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))
@@ -483,9 +486,12 @@ def main() -> int:
     if not os.path.isfile(path):
         ap.error(f"folder: no {os.path.basename(path)} in {args.folder}")
     with open(path) as f:
-        rows = json.load(f)["rows"]
-    tables = {"select": select_table, "align": align_table, "moe": moe_tables, "dense": dense_table,
-              "route": route_table}
+        doc = json.load(f)
+    rows = doc["rows"]
+    if kind == "route":
+        print(route_table(rows, doc.get("gpu")))
+        return 0
+    tables = {"select": select_table, "align": align_table, "moe": moe_tables, "dense": dense_table}
     print(tables[kind](rows))
     return 0
 

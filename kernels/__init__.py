@@ -43,7 +43,7 @@ _WHERE = {
 __all__ = list(_WHERE)
 # values of the benchmark overrides BASE_ROUTE and BASE_SELECT_KERNEL (select_experts.py), here so
 # that the plugin can check them at startup without importing Triton
-ROUTE_MODES = ("fold", "split", "unfold")
+ROUTE_MODES = ("auto", "fold", "split", "unfold")
 SELECT_KERNELS = ("fused", "two")
 
 

@@ -6,6 +6,9 @@
     cfg = MoeConfig as a dict (block_m, pair_major, up / down GemmConfig fields)
     or {"provenance": {...}, "same_as": "<another GPU name>"}: that GPU's rows, used as they are
       (written by hand only after they were measured on this GPU; the provenance names the runs)
+    either may add "route_split_min_t": N, the fewest rows at which the two-launch route-select runs
+      by default on this GPU (select_experts.route_mode; never borrowed through same_as: measured
+      per GPU, by hand, the provenance naming the runs)
 "dense" rows were tuned on top-k routing, "budget" rows on BASE-selected ids (fewer experts, more
 pairs each). A lookup takes the row of the largest tuned T <= T. A pair-major row is used only at
 its own T (it reads a shared expert once per token, so it is not extrapolated to larger batches;
@@ -45,6 +48,21 @@ def load_table(path: str) -> dict:
     shapes = doc["shapes"]
     return {key: {kind: {int(t): cfg for t, cfg in rows.items()} for kind, rows in kinds.items()}
             for key, kinds in shapes.items()}
+
+
+@functools.lru_cache(maxsize=16)
+def route_split_min_t(gpu_name: str | None) -> int | None:
+    """This GPU's own "route_split_min_t" (its file, not a same_as table), or None."""
+    if not gpu_name or not gpu_file(gpu_name).is_file():
+        return None
+    doc = json.loads(gpu_file(gpu_name).read_text())
+    value = doc.get("route_split_min_t")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{gpu_file(gpu_name).name}: route_split_min_t must be an integer >= 1, "
+                         f"got {value!r}")
+    return value
 
 
 def tuned_row(table: dict, key: str, num_tokens: int, budgeted: bool) -> dict | None:

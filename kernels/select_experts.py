@@ -37,6 +37,8 @@ from base_sglang.kernels.base_route import base_route_select
 from base_sglang.kernels.base_route_split import base_route_split
 from base_sglang.kernels.base_score import base_score
 from base_sglang.kernels.base_select import base_select
+from base_sglang.kernels.fused_moe import device_name
+from base_sglang.kernels.moe_configs import route_split_min_t
 from base_sglang.kernels.utils import is_interpreter
 
 FUSED_MAX_T = 32  # measured on the H200 (BENCHMARKS.md, "Scoring + selection per MoE layer")
@@ -44,7 +46,8 @@ FUSED_MIN_E = 96
 # same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
-SPLIT_MIN_T = 32  # below, one launch: the two measured slower end to end at B = 8, 16 (H200)
+SPLIT_MIN_T = 32  # below, one launch: the two measured slower end to end at B = 8, 16 (H200); a GPU
+# file's route_split_min_t replaces it (moe_configs)
 SPLIT_MAX_T = 128  # the largest decode batch the two-launch route-select was timed at (H200)
 
 
@@ -105,16 +108,19 @@ def base_select_experts(
     return Selection(new_ids, new_w, SelectionStats(counts[0], counts[1], removed[0]))
 
 
-def route_mode(T: int, E: int) -> str:
-    """How a folded block routes + selects T rows over E experts: "fold" (one route-select launch,
-    kernels/base_route.py), "split" (the same in two launches, kernels/base_route_split.py) or
-    "unfold" (the router's top-k launch, then base_select_experts), by what measured fastest on the
-    H200 (BENCHMARKS.md, eighth to tenth sessions' kernel sections):
-      fold   T < SPLIT_MIN_T. At T = 16 the two launches are faster alone (11.0 against 13.4 us),
-             but in SGLang's profiled decode step at B = 16 they add 1.1 us of GPU busy time and
-             2.4 us of idle time per layer (step medians of single runs are too noisy to decide:
-             two runs of one setting differed by up to 4.9 %).
-      split  SPLIT_MIN_T <= T <= SPLIT_MAX_T (T = 64: 11.3 against 25.5 / 26.5 us folded /
+def route_mode(T: int, E: int, gpu: str | None = None) -> str:
+    """How a folded block routes + selects T rows over E experts on GPU `gpu` (its name, or None):
+    "fold" (one route-select launch, kernels/base_route.py), "split" (the same in two launches,
+    kernels/base_route_split.py) or "unfold" (the router's top-k launch, then base_select_experts),
+    by what measured fastest (BENCHMARKS.md, eighth to tenth sessions' kernel sections, and
+    "The two-launch route-select from 8 rows on the H100"):
+      fold   T < the GPU file's route_split_min_t (moe_configs.route_split_min_t), else
+             T < SPLIT_MIN_T. On the H200 at T = 16 the two launches are faster alone (11.0 against
+             13.4 us), but in SGLang's profiled decode step at B = 16 they added 1.1 us of GPU busy
+             time and 2.4 us of idle time per layer. On the H100 80GB HBM3 (its file: 8) they are
+             faster alone at T = 8 / 16 (3.9 / 3.0 against 4.3 / 5.3 us added to the router GEMM)
+             and took less GPU time per decode step at B = 16 in two A/B pairs (-0.04 / -0.08 ms).
+      split  from there to SPLIT_MAX_T (H200, T = 64: 11.3 against 25.5 / 26.5 us folded /
              unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
              unfolded; at B = 32 end to end within noise of the one launch).
       unfold above (not measured there).
@@ -122,13 +128,13 @@ def route_mode(T: int, E: int) -> str:
     440a2ca) were slower than the two launches at every T on an H100 (Qwen3 T = 16: 11.8 against
     10.7 us) and no faster end to end at B = 16, so that launch was removed (BENCHMARKS.md,
     "The joined route-select").
-    BASE_ROUTE=fold|split|unfold overrides it (benchmarks)."""
+    BASE_ROUTE=fold|split|unfold overrides it (benchmarks); auto or unset: the rule."""
     forced = os.environ.get("BASE_ROUTE", "")
-    if forced:
+    if forced and forced != "auto":
         if forced not in ROUTE_MODES:
             raise ValueError(f"BASE_ROUTE: must be one of {', '.join(ROUTE_MODES)}, got {forced!r}")
         return forced
-    if T < SPLIT_MIN_T:
+    if T < (route_split_min_t(gpu) or SPLIT_MIN_T):
         return "fold"
     return "split" if T <= SPLIT_MAX_T else "unfold"
 
@@ -178,7 +184,7 @@ def route_select_experts(
     table = None
     if config.policy == "base_sched":
         table = predictor.layer_schedule(layer_id, logits.shape[0]).to(dev, torch.float32).contiguous()
-    split = route_mode(logits.shape[0], logits.shape[1]) == "split"
+    split = route_mode(logits.shape[0], logits.shape[1], device_name(dev)) == "split"
     launch = base_route_split if split else base_route_select
     ids, w, counts, removed = launch(
         logits, yhat, b, budget.contiguous(), top_k=top_k, renormalize=norm_topk_prob,

@@ -93,6 +93,16 @@ def test_route_table_takes_the_share_of_the_launch_the_rule_picks(tmp_path, monk
     assert lines[0].endswith("| 1.0 | 2.0 | 7.0 | folded | 4.0% |")
     assert lines[1].endswith("| 17.0 | 3.0 | 18.0 | two launches | 2.0% |")
     assert lines[2].endswith("| 32.0 | 4.0 | 22.0 | unfolded | 11.0% |")
+    # measured on a GPU whose file moves the two launches down to 8 rows (route_split_min_t)
+    rows = [_route_row("qwen3-30b-a3b", 1, 6.0, 7.0, 8.0, 13.0, 25.0),
+            _route_row("qwen3-30b-a3b", 16, 7.7, 13.0, 10.7, 13.9, 147.2)]
+    for gpu, rule in ((None, "| 5.3 | 3.0 | 6.2 | folded | 3.6% |"),
+                      ("NVIDIA H200", "| 5.3 | 3.0 | 6.2 | folded | 3.6% |"),
+                      ("NVIDIA H100 80GB HBM3", "| 5.3 | 3.0 | 6.2 | two launches | 2.0% |")):
+        (tmp_path / "base_select.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
+        out = _run("route", str(tmp_path))
+        lines = [x for x in out.stdout.splitlines() if x.startswith("| qwen3")]
+        assert lines[0].endswith("| folded | 4.0% |") and lines[1].endswith(rule), (gpu, lines)
 
 
 def test_split_sweep_table(tmp_path):

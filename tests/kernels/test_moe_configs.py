@@ -8,7 +8,8 @@ import json
 import pytest
 
 from base_sglang.kernels.fused_moe import MoeConfig, default_config, pair_major_wins
-from base_sglang.kernels.moe_configs import CONFIG_DIR, gpu_file, load_table, shape_key, tuned_row
+from base_sglang.kernels.moe_configs import (CONFIG_DIR, gpu_file, load_table, route_split_min_t, shape_key,
+                                             tuned_row)
 from base_sglang.kernels.moe_gemm import GemmConfig
 
 QWEN3 = dict(num_experts=128, hidden=2048, inter=768, top_k=8)
@@ -54,6 +55,44 @@ def test_a_borrowed_table_reads_the_named_gpus_rows(tmp_path, monkeypatch):
     load_table.cache_clear()
     assert load_table(str(tmp_path / "GPU_A.json")) == {KEY: {"dense": {8: _row()}}}
     load_table.cache_clear()
+
+
+def test_route_split_min_t_is_the_gpus_own_and_moves_the_rule(tmp_path, monkeypatch):
+    """A GPU file's route_split_min_t (measured on that GPU) moves route_mode's fold/split boundary;
+    it is not borrowed through same_as, and a bad value is refused naming the field."""
+    from base_sglang.kernels import moe_configs
+    from base_sglang.kernels.select_experts import SPLIT_MAX_T, SPLIT_MIN_T, route_mode
+
+    monkeypatch.delenv("BASE_ROUTE", raising=False)
+    assert route_split_min_t("NVIDIA H100 80GB HBM3") == 8
+    assert route_split_min_t("NVIDIA H200") is None and route_split_min_t(None) is None
+    assert route_split_min_t("No Such GPU") is None
+    ts = (1, 7, 8, 16, 31, 32, SPLIT_MAX_T, SPLIT_MAX_T + 1)
+    assert [route_mode(t, 128, "NVIDIA H100 80GB HBM3") for t in ts] == \
+        ["fold", "fold", "split", "split", "split", "split", "split", "unfold"]
+    for gpu in ("NVIDIA H200", None):  # no field: SPLIT_MIN_T
+        assert [route_mode(t, 128, gpu) for t in ts] == \
+            ["fold"] * 5 + ["split", "split", "unfold"] and SPLIT_MIN_T == 32
+    monkeypatch.setenv("BASE_ROUTE", "auto")  # auto = the rule
+    assert route_mode(16, 128, "NVIDIA H100 80GB HBM3") == "split" and route_mode(16, 128) == "fold"
+    monkeypatch.setenv("BASE_ROUTE", "fold")  # an override beats the GPU's field
+    assert route_mode(16, 128, "NVIDIA H100 80GB HBM3") == "fold"
+
+    monkeypatch.setattr(moe_configs, "CONFIG_DIR", tmp_path)
+    route_split_min_t.cache_clear()
+    try:
+        (tmp_path / "GPU_B.json").write_text(json.dumps({"provenance": {"gpu": "GPU B"},
+                                                         "route_split_min_t": 4, "shapes": {}}))
+        (tmp_path / "GPU_A.json").write_text(json.dumps({"provenance": {"gpu": "GPU A"}, "same_as": "GPU B"}))
+        assert route_split_min_t("GPU B") == 4 and route_split_min_t("GPU A") is None
+        for bad in (0, -3, 2.5, "8", True):
+            (tmp_path / "GPU_C.json").write_text(json.dumps({"provenance": {"gpu": "GPU C"},
+                                                             "route_split_min_t": bad, "shapes": {}}))
+            route_split_min_t.cache_clear()
+            with pytest.raises(ValueError, match="GPU_C.json: route_split_min_t must be an integer >= 1"):
+                route_split_min_t("GPU C")
+    finally:
+        route_split_min_t.cache_clear()
 
 
 def test_lookup_rules():

@@ -93,6 +93,7 @@ def test_fold_setting():
     with pytest.raises(ValueError, match="BASE_MOE"):
         PluginConfig.from_env({"BASE_MOE": "ours"})
     assert PluginConfig.from_env({"BASE_ROUTE": "split", "BASE_SELECT_KERNEL": "two"}).fold is True
+    assert PluginConfig.from_env({"BASE_ROUTE": "auto"}).fold is True  # auto: the measured rule
     with pytest.raises(ValueError, match="BASE_ROUTE"):
         PluginConfig.from_env({"BASE_ROUTE": "two"})
     with pytest.raises(ValueError, match="BASE_SELECT_KERNEL"):
