@@ -8,8 +8,14 @@ import json
 import pytest
 
 from base_sglang.kernels.fused_moe import MoeConfig, default_config, pair_major_wins
-from base_sglang.kernels.moe_configs import (CONFIG_DIR, gpu_file, load_table, route_split_min_t, shape_key,
-                                             tuned_row)
+from base_sglang.kernels.moe_configs import (
+    CONFIG_DIR,
+    gpu_file,
+    load_table,
+    route_split_min_t,
+    shape_key,
+    tuned_row,
+)
 from base_sglang.kernels.moe_gemm import GemmConfig
 
 QWEN3 = dict(num_experts=128, hidden=2048, inter=768, top_k=8)
