@@ -642,7 +642,8 @@ def check_route_compact() -> None:
 
 
 def check_route_split() -> None:
-    """base_route_split (two launches) == core.routing at three shapes, T in {16, 64, 128}, every
+    """base_route_split (two launches) == core.routing at three shapes, T in {8, 16, 64, 128} (8: the
+    H100's rule runs it from there, moe_configs.route_split_min_t), every
     budget kind, base / base_plus, backfill on and off; every SPLIT_VARIANTS tiling == the core at
     T = 64; == the one-launch kernel bit for bit at its tiling (16 rows per program) where both
     sum the same chunks; 20 repeat calls bitwise; a CUDA graph with changed budgets == eager."""
@@ -656,7 +657,7 @@ def check_route_split() -> None:
             check_route_graph(T=64, name="split_graph_replay")
         for shape, s in SHAPES.items():
             E, K, norm = s["E"], s["K"], s["norm_topk_prob"]
-            for T in ((16, 64, 128) if DEVICE == "cuda" else (5, 20)):
+            for T in ((8, 16, 64, 128) if DEVICE == "cuda" else (5, 20)):
                 w2, z, pred = route_case(shape, T, seed=T + 300)
                 scores = z @ w2.T
                 logits, yhat = scores[:, :E], scores[:, E:]

@@ -21,7 +21,8 @@ def split(monkeypatch):
 
 
 @pytest.mark.parametrize("T,E,K,M", [
-    (64, 128, 8, 16),  # Qwen3-30B-A3B's router at a decode batch of 64: 8 programs of 8 rows
+    (64, 128, 8, 16),  # Qwen3-30B-A3B's router at a decode batch of 64: 16 programs of 4 rows
+    (8, 128, 8, 16),  # at 8 rows, where the H100's rule starts the two launches: 2 programs of 4
     (33, 64, 8, 24),  # OLMoE's, a partial last chunk
     (1, 128, 8, 5),  # one row
     (9, 60, 6, 10),  # E and K not powers of two
