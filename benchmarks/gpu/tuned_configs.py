@@ -6,6 +6,7 @@ Several sweeps of one GPU merge (a later file's cell replaces an earlier one's, 
 --keep-faster the faster of them). Each cell's winner (the tile search's best, or the faster structure where no search ran) becomes the
 row of its shape, routing kind (dense top-k, or BASE-selected: "budget") and T. The provenance
 (GPU, commit, torch/triton, the sweep file) is copied in. kernels/moe_configs.py reads the file.
+A route_split_min_t in the file being replaced (end-to-end runs set it, not sweeps) is kept.
 --replace SWEEP_JSON: sweeps whose cells replace the merged rows whatever their time (a tile search
 judged by an A/B against the shipped rows on one machine, not by times of earlier machines).
 --trace: trace_moe_one.py results (variants of the shipped one-launch rows, timed at BASE budgets
@@ -114,6 +115,23 @@ def apply_traces(shapes: dict, traces: list[dict]) -> list[str]:
     return changed
 
 
+def keep_route_rule(table: dict, path: str) -> None:
+    """The file being replaced may carry this GPU's route_split_min_t (measured by end-to-end runs,
+    not by a tile sweep; kernels/moe_configs.py): keep it, with the provenance entries that name its
+    runs (those whose "what" starts with route_split_min_t, and any kept before)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        old = json.load(f)
+    if "route_split_min_t" not in old:
+        return
+    prov = old.get("provenance", {})
+    runs = [e for e in prov.get("measured_here", []) if str(e.get("what", "")).startswith("route_split_min_t")]
+    table["route_split_min_t"] = old["route_split_min_t"]
+    table["provenance"]["route_split_min_t_runs"] = prov.get("route_split_min_t_runs", []) + runs
+    print(f"kept route_split_min_t {old['route_split_min_t']} from the file this one replaces")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("sweep", nargs="+")
@@ -159,6 +177,7 @@ def main() -> int:
                                          for p, t in zip(args.trace, traces)]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, gpu.replace(" ", "_") + ".json")
+    keep_route_rule(table, path)
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
         f.write("\n")

@@ -589,6 +589,35 @@ def test_tuned_configs_replace_overrides_the_faster_row(tmp_path, monkeypatch):
     assert tc.main() == 2  # a table is not a sweep (no cells): refused
 
 
+def test_tuned_configs_keeps_the_gpus_route_rule(tmp_path, monkeypatch):
+    """A GPU file's route_split_min_t comes from end-to-end runs, not a tile sweep: a new table for
+    that GPU keeps it, with the provenance entries naming its runs."""
+    tc = importlib.import_module("tuned_configs")
+    from base_sglang.kernels.moe_configs import route_split_min_t
+
+    a = _sweep_file(tmp_path / "a.json", 150.0, 32)
+    out = tmp_path / "o"
+    out.mkdir()
+    runs = {"file": "benchmarks/results/route_x", "commit": "abc", "what": "route_split_min_t: an A/B"}
+    (out / "NVIDIA_H200.json").write_text(json.dumps({
+        "provenance": {"gpu": "NVIDIA H200", "measured_here": [{"file": "f", "what": "a hook check"}, runs]},
+        "same_as": "NVIDIA H100", "route_split_min_t": 8}))
+    monkeypatch.setattr(sys, "argv", ["tuned_configs.py", a, "--out", str(out)])
+    assert tc.main() == 0
+    t = json.loads((out / "NVIDIA_H200.json").read_text())
+    assert t["route_split_min_t"] == 8 and "same_as" not in t and t["shapes"]
+    assert t["provenance"]["route_split_min_t_runs"] == [runs]
+    assert tc.main() == 0  # again over its own output: the rule and its runs stay, once
+    t = json.loads((out / "NVIDIA_H200.json").read_text())
+    assert t["route_split_min_t"] == 8 and t["provenance"]["route_split_min_t_runs"] == [runs]
+    monkeypatch.setattr("base_sglang.kernels.moe_configs.CONFIG_DIR", out)
+    route_split_min_t.cache_clear()
+    try:
+        assert route_split_min_t("NVIDIA H200") == 8
+    finally:
+        route_split_min_t.cache_clear()
+
+
 # ---- tuned_configs --trace: trace variants adopted into the budget rows -----------------------------
 def test_tuned_configs_adopts_trace_variants_by_rule():
     tc = importlib.import_module("tuned_configs")
