@@ -8,7 +8,7 @@
       (written by hand only after they were measured on this GPU; the provenance names the runs)
     either may add "route_split_min_t": N, the fewest rows at which the two-launch route-select runs
       by default on this GPU (select_experts.route_mode; never borrowed through same_as: measured
-      per GPU, by hand, the provenance naming the runs)
+      per GPU, by hand, provenance["route_split_min_t_runs"] naming the runs)
 "dense" rows were tuned on top-k routing, "budget" rows on BASE-selected ids (fewer experts, more
 pairs each). A lookup takes the row of the largest tuned T <= T. A pair-major row is used only at
 its own T (it reads a shared expert once per token, so it is not extrapolated to larger batches;

@@ -117,19 +117,15 @@ def apply_traces(shapes: dict, traces: list[dict]) -> list[str]:
 
 def keep_route_rule(table: dict, path: str) -> None:
     """The file being replaced may carry this GPU's route_split_min_t (measured by end-to-end runs,
-    not by a tile sweep; kernels/moe_configs.py): keep it, with the provenance entries that name its
-    runs (those whose "what" starts with route_split_min_t, and any kept before)."""
+    not by a tile sweep; kernels/moe_configs.py): keep it and the provenance entries naming its runs."""
     if not os.path.isfile(path):
         return
     with open(path) as f:
         old = json.load(f)
-    if "route_split_min_t" not in old:
-        return
-    prov = old.get("provenance", {})
-    runs = [e for e in prov.get("measured_here", []) if str(e.get("what", "")).startswith("route_split_min_t")]
-    table["route_split_min_t"] = old["route_split_min_t"]
-    table["provenance"]["route_split_min_t_runs"] = prov.get("route_split_min_t_runs", []) + runs
-    print(f"kept route_split_min_t {old['route_split_min_t']} from the file this one replaces")
+    if "route_split_min_t" in old:
+        table["route_split_min_t"] = old["route_split_min_t"]
+        table["provenance"]["route_split_min_t_runs"] = old["provenance"].get("route_split_min_t_runs", [])
+        print(f"kept route_split_min_t {old['route_split_min_t']} from the file this one replaces")
 
 
 def main() -> int:

@@ -598,15 +598,16 @@ def test_tuned_configs_keeps_the_gpus_route_rule(tmp_path, monkeypatch):
     a = _sweep_file(tmp_path / "a.json", 150.0, 32)
     out = tmp_path / "o"
     out.mkdir()
-    runs = {"file": "benchmarks/results/route_x", "commit": "abc", "what": "route_split_min_t: an A/B"}
+    runs = {"file": "benchmarks/results/route_x", "commit": "abc", "what": "an A/B"}
     (out / "NVIDIA_H200.json").write_text(json.dumps({
-        "provenance": {"gpu": "NVIDIA H200", "measured_here": [{"file": "f", "what": "a hook check"}, runs]},
+        "provenance": {"gpu": "NVIDIA H200", "measured_here": [{"file": "f", "what": "a hook check"}],
+                       "route_split_min_t_runs": [runs]},
         "same_as": "NVIDIA H100", "route_split_min_t": 8}))
     monkeypatch.setattr(sys, "argv", ["tuned_configs.py", a, "--out", str(out)])
     assert tc.main() == 0
     t = json.loads((out / "NVIDIA_H200.json").read_text())
     assert t["route_split_min_t"] == 8 and "same_as" not in t and t["shapes"]
-    assert t["provenance"]["route_split_min_t_runs"] == [runs]
+    assert t["provenance"]["route_split_min_t_runs"] == [runs] and "measured_here" not in t["provenance"]
     assert tc.main() == 0  # again over its own output: the rule and its runs stay, once
     t = json.loads((out / "NVIDIA_H200.json").read_text())
     assert t["route_split_min_t"] == 8 and t["provenance"]["route_split_min_t_runs"] == [runs]
