@@ -21,7 +21,7 @@ case "$gpu" in
     *H200*)
         OUT=$OUT/moe PARTS="full check" FULL_S=${FULL_S:-330} bash benchmarks/gpu/run_moe_h200.sh || status=1
         OUT=$OUT/route PARTS=select SHAPES=qwen3-30b-a3b,olmoe-1b-7b TOKENS=1,8,16,32,64 \
-            DENSE_FROM=$OUT/moe SELECT_S=${SELECT_S:-150} bash benchmarks/gpu/run_route_h200.sh || status=1 ;;
+            DENSE_FROM=$OUT/moe SELECT_S=${SELECT_S:-240} bash benchmarks/gpu/run_route_h200.sh || status=1 ;;
     *)
         ( source benchmarks/gpu_env.sh; kernel_run_env "$OUT/split"
           timeout -k 10 ${SPLIT_S:-150} python3 benchmarks/check_kernels_gpu.py --only split \
