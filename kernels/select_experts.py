@@ -46,8 +46,8 @@ FUSED_MIN_E = 96
 # same kept set and backfill; base and base_plus differ in the combine rule, base_sched is base_plus
 # with this layer's budget read from the predictor's per-layer schedule (layer_budget)
 KERNEL_POLICIES = ("base", "base_plus", "base_sched")
-SPLIT_MIN_T = 32  # below, one launch: the two measured slower end to end at B = 8, 16 (H200); a GPU
-# file's route_split_min_t replaces it (moe_configs)
+SPLIT_MIN_T = 32  # below, one launch, on a GPU whose file has no route_split_min_t (moe_configs);
+# the H100 and H200 files both say 8, measured on each
 SPLIT_MAX_T = 128  # the largest decode batch the two-launch route-select was timed at (H200)
 
 
@@ -115,11 +115,14 @@ def route_mode(T: int, E: int, gpu: str | None = None) -> str:
     by what measured fastest (BENCHMARKS.md, eighth to tenth sessions' kernel sections, and
     "The two-launch route-select from 8 rows on the H100"):
       fold   T < the GPU file's route_split_min_t (moe_configs.route_split_min_t), else
-             T < SPLIT_MIN_T. On the H200 at T = 16 the two launches are faster alone (11.0 against
-             13.4 us), but in SGLang's profiled decode step at B = 16 they added 1.1 us of GPU busy
-             time and 2.4 us of idle time per layer. On the H100 80GB HBM3 (its file: 8) they are
-             faster alone at T = 8 / 16 (3.9 / 3.0 against 4.3 / 5.3 us added to the router GEMM)
-             and took less GPU time per decode step at B = 16 in two A/B pairs (-0.04 / -0.08 ms).
+             T < SPLIT_MIN_T (32, a GPU without measurements of its own). On the H100 80GB HBM3
+             (its file: 8) the two launches are faster alone at T = 8 / 16 (3.9 / 3.0 against
+             4.3 / 5.3 us added to the router GEMM) and took less GPU time per decode step at B = 16
+             in two A/B pairs (-0.04 / -0.08 ms). On the H200 (its file: 8, the rerun at 6a99562)
+             they take 10.6 / 10.6 us at T = 8 / 16 against the one launch's 11.6 / 13.1, and were
+             not slower end to end in any B = 8 / 16 cell of a fold/split/split/fold run (an
+             earlier H200 profile at B = 16 had them 1.1 us busier per layer; the rerun's ms/step
+             did not show it).
       split  from there to SPLIT_MAX_T (H200, T = 64: 11.3 against 25.5 / 26.5 us folded /
              unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
              unfolded; at B = 32 end to end within noise of the one launch).

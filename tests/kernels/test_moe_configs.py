@@ -70,17 +70,18 @@ def test_route_split_min_t_is_the_gpus_own_and_moves_the_rule(tmp_path, monkeypa
     from base_sglang.kernels.select_experts import SPLIT_MAX_T, SPLIT_MIN_T, route_mode
 
     monkeypatch.delenv("BASE_ROUTE", raising=False)
-    assert route_split_min_t("NVIDIA H100 80GB HBM3") == 8
-    assert route_split_min_t("NVIDIA H200") is None and route_split_min_t(None) is None
+    assert route_split_min_t("NVIDIA H100 80GB HBM3") == 8 and route_split_min_t("NVIDIA H200") == 8
+    assert route_split_min_t(None) is None
     assert route_split_min_t("No Such GPU") is None
     ts = (1, 7, 8, 16, 31, 32, SPLIT_MAX_T, SPLIT_MAX_T + 1)
-    assert [route_mode(t, 128, "NVIDIA H100 80GB HBM3") for t in ts] == \
-        ["fold", "fold", "split", "split", "split", "split", "split", "unfold"]
-    for gpu in ("NVIDIA H200", None):  # no field: SPLIT_MIN_T
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        assert [route_mode(t, 128, gpu) for t in ts] == \
+            ["fold", "fold", "split", "split", "split", "split", "split", "unfold"]
+    for gpu in ("No Such GPU", None):  # no field: SPLIT_MIN_T
         assert [route_mode(t, 128, gpu) for t in ts] == \
             ["fold"] * 5 + ["split", "split", "unfold"] and SPLIT_MIN_T == 32
     monkeypatch.setenv("BASE_ROUTE", "auto")  # auto = the rule
-    assert route_mode(16, 128, "NVIDIA H100 80GB HBM3") == "split" and route_mode(16, 128) == "fold"
+    assert route_mode(16, 128, "NVIDIA H200") == "split" and route_mode(16, 128) == "fold"
     monkeypatch.setenv("BASE_ROUTE", "fold")  # an override beats the GPU's field
     assert route_mode(16, 128, "NVIDIA H100 80GB HBM3") == "fold"
 
