@@ -23,6 +23,7 @@ case "$gpu" in
         OUT=$OUT/route PARTS=select SHAPES=qwen3-30b-a3b,olmoe-1b-7b TOKENS=1,8,16,32,64 \
             DENSE_FROM=$OUT/moe SELECT_S=${SELECT_S:-240} bash benchmarks/gpu/run_route_h200.sh || status=1 ;;
     *)
+        mkdir -p "$OUT/split"  # kernel_run_env creates its DIR only when OUT is unset
         ( source benchmarks/gpu_env.sh; kernel_run_env "$OUT/split"
           timeout -k 10 ${SPLIT_S:-150} python3 benchmarks/check_kernels_gpu.py --only split \
               --shapes qwen3-30b-a3b,olmoe-1b-7b --out "$OUT/split" > "$OUT/split/split.log" 2>&1 ) || status=1
