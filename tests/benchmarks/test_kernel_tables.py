@@ -97,7 +97,8 @@ def test_route_table_takes_the_share_of_the_launch_the_rule_picks(tmp_path, monk
     rows = [_route_row("qwen3-30b-a3b", 1, 6.0, 7.0, 8.0, 13.0, 25.0),
             _route_row("qwen3-30b-a3b", 16, 7.7, 13.0, 10.7, 13.9, 147.2)]
     for gpu, rule in ((None, "| 5.3 | 3.0 | 6.2 | folded | 3.6% |"),
-                      ("NVIDIA H200", "| 5.3 | 3.0 | 6.2 | folded | 3.6% |"),
+                      ("No Such GPU", "| 5.3 | 3.0 | 6.2 | folded | 3.6% |"),
+                      ("NVIDIA H200", "| 5.3 | 3.0 | 6.2 | two launches | 2.0% |"),
                       ("NVIDIA H100 80GB HBM3", "| 5.3 | 3.0 | 6.2 | two launches | 2.0% |")):
         (tmp_path / "base_select.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
         out = _run("route", str(tmp_path))
