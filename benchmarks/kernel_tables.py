@@ -461,10 +461,16 @@ def main() -> int:
     if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old (and repeats)
         pair = next((p for p in (("split", "fold"), ("run1", "run2"))
                      if os.path.isdir(os.path.join(args.folder, f"e2e_{p[0]}"))), ("new", "old"))
-        print(profile_table(args.folder, *pair))
-        for n in range(2, 10):  # e2e_new_N / e2e_old_N, the repeats run_table_e2e_h200.sh names
-            if all(os.path.isdir(os.path.join(args.folder, f"e2e_{r}_{n}")) for r in pair):
-                print(f"\nrepeat {n}\n\n" + profile_table(args.folder, *(f"{r}_{n}" for r in pair)))
+        def has(name: str) -> bool:
+            return os.path.isfile(os.path.join(args.folder, f"e2e_{name}", "profile_b16.json"))
+
+        names = [pair] + [tuple(f"{r}_{n}" for r in pair) for n in range(2, 10)  # the repeats
+                          if all(os.path.isdir(os.path.join(args.folder, f"e2e_{r}_{n}")) for r in pair)]
+        for i, (a, b) in enumerate(names):
+            head = "" if i == 0 else f"\nrepeat {a.rsplit('_', 1)[1]}\n\n"
+            missing = [f"e2e_{x}" for x in (a, b) if not has(x)]
+            print(head + (profile_table(args.folder, a, b) if not missing else
+                          f"(not profiled: {', '.join(missing)} has no profile_b16.json)"))
         return 0
     if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
         print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))

@@ -292,3 +292,24 @@ def test_profile_table_has_one_table_per_budget_both_runs_profiled(tmp_path):
     assert out.stdout.count("B = 64, budget") == 1  # dense failed in old: no pair to compare
     assert "| `_moe_align_sort_kernel` | 0.200 | 4.2 | 0.600 | 12.5 |" in out.stdout
     assert "| **graph step** | 8.000 | - | 8.500 | - |" in out.stdout
+
+
+def test_profile_names_a_run_without_a_profile_and_still_compares_the_repeat(tmp_path):
+    """A run that never reached its profiled batch (no profile_b16.json) is named, not a traceback;
+    the repeat pair that has both profiles is still compared."""
+    def prof(ms, step):
+        return {"uniform-random/16": dict(batch=16, budget=16, routing="uniform-random", graph_step_ms=step,
+                                          graph_kernels=dict(gpu_busy_ms_per_step=step - 0.5, top_kernels=[
+                                              dict(name="_base_route_kernel", ms_per_step=ms,
+                                                   launches_per_step=48.0)]))}
+
+    for name, doc in (("new", prof(0.3, 6.1)), ("old", None), ("new_2", prof(0.2, 5.7)), ("old_2", prof(0.4, 5.9))):
+        (tmp_path / f"e2e_{name}").mkdir()
+        (tmp_path / f"e2e_{name}" / "summary.json").write_text("{}")
+        if doc:
+            (tmp_path / f"e2e_{name}" / "profile_b16.json").write_text(json.dumps(doc))
+    out = _run("profile", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("(not profiled: e2e_old has no profile_b16.json)")
+    assert "repeat 2" in out.stdout and "| `_base_route_kernel` | 0.200 | 4.2 | 0.400 | 8.3 |" in out.stdout
+    assert "| **graph step** | 5.700 | - | 5.900 | - |" in out.stdout
