@@ -449,7 +449,7 @@ def main() -> int:
     if kind == "split_e2e":  # BASE_ROUTE=split (the default at 32-128 rows) against unfold
         print(fold_table(args.folder, "e2e_split", "e2e_unfold", ("two launches", "unfolded")))
         return 0
-    if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below 32 rows)
+    if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below the GPU file's route_split_min_t, else 32 rows)
         print(fold_table(args.folder, "e2e_split", "e2e_fold", ("two launches", "one launch")))
         return 0
     if kind == "trace":  # gpu/trace_moe_one.py
