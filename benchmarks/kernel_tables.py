@@ -325,10 +325,15 @@ def trace_experts(folder: str) -> str:
 def profile_table(folder: str, a: str, b: str, min_ms: float = 0.05) -> str:
     """The profiled graph steps (bench_decode.py profile_b16.json, one per profiled budget, at
     --profile-batch) of two runs: per budget both runs have, per kernel ms per step and µs per launch
-    (kernels with >= min_ms in either), GPU busy, step - busy (idle)."""
+    (kernels with >= min_ms in either), GPU busy, step - busy (idle). A run that never reached its
+    profiled batch (no profile_b16.json) is named instead."""
+    paths = {name: os.path.join(folder, f"e2e_{name}", "profile_b16.json") for name in (a, b)}
+    missing = [f"e2e_{name}" for name, path in paths.items() if not os.path.isfile(path)]
+    if missing:
+        return f"(not profiled: {', '.join(missing)} has no profile_b16.json)"
     profs = {}
     for name in (a, b):
-        with open(os.path.join(folder, f"e2e_{name}", "profile_b16.json")) as f:
+        with open(paths[name]) as f:
             profs[name] = {k: v for k, v in json.load(f).items()
                            if not k.startswith("_") and "error" not in v}
     keys = [k for k in profs[a] if k in profs[b]]
@@ -449,7 +454,7 @@ def main() -> int:
     if kind == "split_e2e":  # BASE_ROUTE=split (the default at 32-128 rows) against unfold
         print(fold_table(args.folder, "e2e_split", "e2e_unfold", ("two launches", "unfolded")))
         return 0
-    if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below the GPU file's route_split_min_t, else 32 rows)
+    if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below route_split_min_t)
         print(fold_table(args.folder, "e2e_split", "e2e_fold", ("two launches", "one launch")))
         return 0
     if kind == "trace":  # gpu/trace_moe_one.py
@@ -461,16 +466,10 @@ def main() -> int:
     if kind == "profile":  # two e2e runs' profiled step: split / fold, else new / old (and repeats)
         pair = next((p for p in (("split", "fold"), ("run1", "run2"))
                      if os.path.isdir(os.path.join(args.folder, f"e2e_{p[0]}"))), ("new", "old"))
-        def has(name: str) -> bool:
-            return os.path.isfile(os.path.join(args.folder, f"e2e_{name}", "profile_b16.json"))
-
-        names = [pair] + [tuple(f"{r}_{n}" for r in pair) for n in range(2, 10)  # the repeats
-                          if all(os.path.isdir(os.path.join(args.folder, f"e2e_{r}_{n}")) for r in pair)]
-        for i, (a, b) in enumerate(names):
-            head = "" if i == 0 else f"\nrepeat {a.rsplit('_', 1)[1]}\n\n"
-            missing = [f"e2e_{x}" for x in (a, b) if not has(x)]
-            print(head + (profile_table(args.folder, a, b) if not missing else
-                          f"(not profiled: {', '.join(missing)} has no profile_b16.json)"))
+        print(profile_table(args.folder, *pair))
+        for n in range(2, 10):  # e2e_new_N / e2e_old_N, the repeats run_table_e2e_h200.sh names
+            if all(os.path.isdir(os.path.join(args.folder, f"e2e_{r}_{n}")) for r in pair):
+                print(f"\nrepeat {n}\n\n" + profile_table(args.folder, *(f"{r}_{n}" for r in pair)))
         return 0
     if kind == "table_e2e":  # this commit's tuned table against the one without trace variants
         print(fold_table(args.folder, "e2e_new", "e2e_old", ("tuned table", "without trace variants")))

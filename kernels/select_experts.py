@@ -121,8 +121,8 @@ def route_mode(T: int, E: int, gpu: str | None = None) -> str:
              in two A/B pairs (-0.04 / -0.08 ms). On the H200 (its file: 8, the rerun at 6a99562)
              they take 10.6 / 10.6 us at T = 8 / 16 against the one launch's 11.6 / 13.1, and were
              not slower end to end in any B = 8 / 16 cell of a fold/split/split/fold run (an
-             earlier H200 profile at B = 16 had them 1.1 us busier per layer; the rerun's ms/step
-             did not show it).
+             earlier H200 profile at B = 16 had them 1.1 us busier per layer; the rerun's profile
+             had them 0.8 us less busy).
       split  from there to SPLIT_MAX_T (H200, T = 64: 11.3 against 25.5 / 26.5 us folded /
              unfolded, 7.2 % faster end to end than unfolded at B = 64; T = 128: 11.8 against 35.1
              unfolded; at B = 32 end to end within noise of the one launch).
