@@ -58,6 +58,7 @@ SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr
                  pk_ptr="*fp32",
                  # kernels/moe_one.py
                  x_ptr="*bf16", ids_ptr="*i32", wt_ptr="*fp32", gu_ptr="*bf16", dn_ptr="*bf16",
+                 dnr_ptr="*bf16",
                  act_ptr="*bf16", po_ptr="*fp32", y_ptr="*bf16", sync_ptr="*i32", trace_ptr="*i64",
                  stride_x="i32", n_prog="i32", n_units="i32", few_limit="i32")
 

@@ -31,7 +31,7 @@ IDLE_LOW (idle_low=True): when the units are fewer than the programs, the lowest
 the idle ones, not the highest. The H200 puts programs 0-15 of a 264-program grid two to an SM on
 SMs 124-131 (every stored trace), so at M = 8 (256 units) expert 0's up units shared SMs and ended
 last; idle, programs 0-7 leave programs 8-15 alone on those SMs.
-FEW (down_cols_few = DCF < BN2, pointer-loaded down tiles): after the align each program knows the
+FEW (down_cols_few = DCF < BN2; with TMA rows the narrow tiles are pointer loads): after the align each program knows the
 launch's n_act; when its DCF-column down units, n_act * cdiv(H, DCF), all fit the grid at once, the
 down units (and combine tiles) are DCF columns wide (the first DCF of a BN2 tile, the rest masked:
 no bytes read), else BN2. The rows are tuned at M = 16; at M = 8 twice the down units stream at once
@@ -114,8 +114,32 @@ def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,  # noqa: E741
+              BLOCK_M: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, TMA_TILE: tl.constexpr,
+              DOT_F32: tl.constexpr):
+    """One row block's down tile: act[BM, I] @ down[e, tile]^T in fp32 [BM, BN2], the weight tile
+    by TMA (dn_ptr a descriptor, row row_d) or by pointer loads (w_d_ptrs [BK2, BN2], nmask_d)."""
+    acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
+    for k0 in range(0, I, BK2):
+        kmask = ks_d < I - k0
+        a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
+                      cache_modifier=".cg")  # written in this launch: via L2
+        if TMA_TILE:
+            w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
+        else:
+            w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
+            w_d_ptrs += BK2
+        if DOT_F32:
+            a_d = a_d.to(tl.float32)
+            w_d = w_d.to(tl.float32)
+        acc_d = tl.dot(a_d, w_d, acc_d)
+        a_d_ptrs += BK2
+    return acc_d
+
+
+@triton.jit
 def _moe_one_kernel(
-    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
+    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, dnr_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
     T, stride_x, stride_y, n_prog, n_units, few_limit,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
@@ -229,25 +253,19 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_d_ptrs = act_ptr + pair[:, None] * I + ks_d[None, :]  # [BM, BK2]
-                if TMA != 0:  # dn_ptr: a descriptor over down as [E*H, I], block [BN2, BK2]
-                    row_d = (e * H + nh * BN2).to(tl.int32)
-                else:
-                    w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
-                acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
-                for k0 in range(0, I, BK2):
-                    kmask = ks_d < I - k0
-                    a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
-                                  cache_modifier=".cg")  # written in this launch: via L2
-                    if TMA != 0:
-                        w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
+                # dn_ptr: with TMA a descriptor over down as [E*H, I], block [BN2, BK2]; dnr_ptr: down
+                row_d = (e * H + nh * BN2).to(tl.int32)
+                w_d_ptrs = dnr_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
+                if TMA != 0 and DCF > 0:  # FEW tiles by pointer loads (masked columns), else TMA
+                    if few:
+                        acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
+                                          BLOCK_M, BN2, BK2, False, DOT_F32)
                     else:
-                        w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
-                        w_d_ptrs += BK2
-                    if DOT_F32:
-                        a_d = a_d.to(tl.float32)
-                        w_d = w_d.to(tl.float32)
-                    acc_d = tl.dot(a_d, w_d, acc_d)
-                    a_d_ptrs += BK2
+                        acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
+                                          BLOCK_M, BN2, BK2, True, DOT_F32)
+                else:
+                    acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
+                                      BLOCK_M, BN2, BK2, TMA != 0, DOT_F32)
                 tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
                          mask=rmask[:, None] & nmask_d[None, :])
             inc = tl.where(j == 0, one - (n_act - 1), 1)
@@ -278,8 +296,8 @@ def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int =
                   bn2: int | None = None, down_cols_few: int | None = None) -> int:
     """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
     24..255), tma (0, 1 with up_cols = BN1, or 2) and down_cols_few (None / 0 = off; a multiple
-    of 8 below BN2, pointer-loaded down tiles: tma 0) -> the columns per up unit (UPC). Also what
-    MoeConfig checks when a table loads."""
+    of 8 below BN2) -> the columns per up unit (UPC). Also what MoeConfig checks when a table
+    loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
@@ -290,7 +308,6 @@ def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int =
         check(bn2 is not None and 8 <= down_cols_few < bn2 and down_cols_few % 8 == 0,
               f"down_cols_few: a multiple of 8 in 8..{(bn2 or 16) - 8} (below BN2 = {bn2}) or 0, "
               f"got {down_cols_few}")
-        check(tma == 0, f"down_cols_few: needs pointer-loaded down tiles (tma 0), got tma {tma}")
     return upc
 
 
@@ -385,7 +402,7 @@ def moe_one(
         gu_arg = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I, H), [bn1, bk1])
     if tma:
         dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
-    args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
+    args = (hidden, ids, weights, gu_arg, dn_arg, down, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))
     if interp:  # one program per unit, in unit order (see the module docstring); FEW is decided
         # against the grid the GPU would launch (programs, default one per SM)

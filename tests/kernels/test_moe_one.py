@@ -150,6 +150,9 @@ def test_few_down_columns_same_output(programs):
     assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
     for dcf in (8, 16, 24):
         assert torch.equal(moe_one(x, ids, w, gu, dn, down_cols_few=dcf, programs=programs, **tiles), y)
+    for tma in (1, 2):  # TMA down tiles, the narrow ones by pointer loads
+        assert torch.equal(moe_one(x, ids, w, gu, dn, down_cols_few=8, programs=programs, tma=tma,
+                                   **tiles), y)
     cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(32, 16), one_launch=True,
                     down_cols_few=8)
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
@@ -232,7 +235,7 @@ def test_through_fused_moe_config():
                        (dict(tma=3), "tma"), (dict(tma=1, up_cols=16), "tma"),
                        (dict(down_cols_few=12), "down_cols_few"),
                        (dict(down_cols_few=64, down=dict(block_n=64)), "down_cols_few"),
-                       (dict(down_cols_few=32, down=dict(block_n=64), tma=2), "down_cols_few")):
+                       (dict(down_cols_few=8, down=dict(block_n=8)), "down_cols_few")):
         with pytest.raises(ValueError, match=field):
             MoeConfig.from_dict({**row, **bad})
     capped = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
