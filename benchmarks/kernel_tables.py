@@ -10,6 +10,8 @@ fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh
 moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang);
 hook:   DIR/moe_hook.json of gpu/check_moe_hook.py (the plugin's MoE hook on the GPU);
 sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search;
+read_floor: DIR/read_floor.json of gpu/read_floor.py: per (shape, T, M, bytes read) the fastest read-only
+        launch and the fastest at 2 programs per SM (the one-launch MoE's grid), x the byte floor;
 trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), one column per folder
         and variant (graph µs and x byte floor); trace_experts: its raw traces (Qwen3 T = 16), when
         each expert's last up and last down unit end;
@@ -262,6 +264,31 @@ def trace_table(folder: str) -> str:
     return "\n".join(out)
 
 
+def read_floor_table(folder: str) -> str:
+    """gpu/read_floor.py's cells: per (shape, T, M, mode) the best launch over every grid / chunk /
+    stages / warps, and the best with 2 programs per SM (as moe_one runs at Qwen3 T = 16)."""
+    with open(os.path.join(folder, "read_floor.json")) as f:
+        doc = json.load(f)
+    sms = min(c["programs"] for c in doc["cells"])  # the grids are multiples of the SM count
+    groups: dict[tuple, list[dict]] = {}
+    for c in doc["cells"]:
+        if c.get("sum_ok", True):
+            groups.setdefault((c["shape"], c["T"], c["M"], c["mode"]), []).append(c)
+    out = [f"{doc.get('gpu', '?')}, copy rate {doc['copy_bw_gbs']:.0f} GB/s",
+           "", "| shape | T | M | bytes | MB | floor µs | fastest µs (x floor) | its grid, chunk, stages, warps "
+           f"| at {2 * sms} programs µs (x floor) |", "|---|---:|---:|---|---:|---:|---|---|---|"]
+    for (shape, T, M, mode), cells in groups.items():
+        best = min(cells, key=lambda c: c["us"])
+        two = [c for c in cells if c["programs"] == 2 * sms]
+        b2 = min(two, key=lambda c: c["us"]) if two else None
+        what = "gate_up + down" if mode == "all" else "gate_up"
+        out.append(f"| {shape} | {T} | {M} | {what} | {best['bytes'] / 1e6:.1f} | {best['floor_us']:.1f} | "
+                   f"{best['us']:.1f} ({best['x_floor']:.2f}) | {best['programs']}, {best['chunk']}, "
+                   f"{best['stages']}, {best['warps']} | "
+                   + (f"{b2['us']:.1f} ({b2['x_floor']:.2f}) |" if b2 else "- |"))
+    return "\n".join(out)
+
+
 def trace_grid(folders: list[str]) -> str:
     """trace_moe_one.json of several folders as one grid: µs (x floor) per folder and variant."""
     cols, grid, floors = [], {}, {}
@@ -433,7 +460,7 @@ def main() -> int:
     ap.add_argument("kind", choices=("select", "align", "moe", "dense", "route", "fold", "moe_e2e",
                                      "hook", "sweep", "split", "split_e2e", "split_fold_e2e",
                                      "trace", "trace_grid", "trace_experts", "profile", "table_e2e",
-                                     "aa_e2e", "runs_e2e", "ab"))
+                                     "aa_e2e", "runs_e2e", "ab", "read_floor"))
     ap.add_argument("folder", help="a results folder with base_select.json / fused_moe.json "
                     "(sweep: sweep_moe.json files; split: sweep_split.json files)", nargs="+")
     args = ap.parse_args()
@@ -456,6 +483,9 @@ def main() -> int:
         return 0
     if kind == "split_fold_e2e":  # BASE_ROUTE=split against fold (the default below route_split_min_t)
         print(fold_table(args.folder, "e2e_split", "e2e_fold", ("two launches", "one launch")))
+        return 0
+    if kind == "read_floor":  # gpu/read_floor.py
+        print(read_floor_table(args.folder))
         return 0
     if kind == "trace":  # gpu/trace_moe_one.py
         print(trace_table(args.folder))

@@ -58,9 +58,8 @@ SIGNATURE = dict(logits_ptr="*bf16", yhat_ptr="*bf16", b_ptr="*fp32", budget_ptr
                  pk_ptr="*fp32",
                  # kernels/moe_one.py
                  x_ptr="*bf16", ids_ptr="*i32", wt_ptr="*fp32", gu_ptr="*bf16", dn_ptr="*bf16",
-                 dnr_ptr="*bf16",
                  act_ptr="*bf16", po_ptr="*fp32", y_ptr="*bf16", sync_ptr="*i32", trace_ptr="*i64",
-                 stride_x="i32", n_prog="i32", n_units="i32", few_limit="i32")
+                 stride_x="i32", n_prog="i32", n_units="i32")
 
 
 def compile_sm90(fn, consts: dict, ints: dict, num_warps: int, num_stages: int = 3,
@@ -225,7 +224,7 @@ def backfill_lines() -> tuple:
 
 
 def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None,
-             tma: int = 0, idle_low: bool = False, down_cols_few: int = 0) -> dict:
+             tma: int = 0, idle_low: bool = False) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
     bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
     programs per SM they allow."""
@@ -240,9 +239,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
-                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low, DCF=down_cols_few,
-                  NT2S_P2=triton.next_power_of_2(max(triton.cdiv(H, cfg.down.block_n),
-                                                     triton.cdiv(H, down_cols_few or H))))
+                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low)
     types = {}
     if tma == 1:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
         consts["UPC"] = cfg.up.block_n
@@ -250,7 +247,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
     if tma:
         types["dn_ptr"] = f"tensordesc<bf16[{cfg.down.block_n},{cfg.down.block_k}]>"
     r = compile_sm90(_moe_one_kernel, consts, dict(T=T, stride_x=H, stride_y=H, n_prog=264,
-                                                   n_units=1000, few_limit=264), cfg.up.num_warps,
+                                                   n_units=1000), cfg.up.num_warps,
                      num_stages=cfg.up.num_stages, maxnreg=maxnreg or cfg.maxnreg or None,
                      types=types)
     warps = cfg.up.num_warps
@@ -278,8 +275,6 @@ def main() -> int:
     ap.add_argument("--tma", type=int, default=0, choices=(0, 1, 2),
                     help="--moe: TMA weight tiles, moe_one(tma=N): 1 all, 2 down only")
     ap.add_argument("--idle-low", action="store_true", help="--moe: compiled with IDLE_LOW (moe_one idle_low)")
-    ap.add_argument("--down-cols-few", type=int, default=0,
-                    help="--moe: compiled with DCF (moe_one down_cols_few), 0 = off")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -294,10 +289,8 @@ def main() -> int:
         for tiles in args.tiles:
             if args.moe:
                 for cap in args.maxnreg:
-                    r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.idle_low,
-                                 args.down_cols_few)
-                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, idle_low=args.idle_low,
-                                     down_cols_few=args.down_cols_few, **{
+                    r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.idle_low)
+                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, idle_low=args.idle_low, **{
                         k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
                     print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "
                           f"{r['instructions']:6} instructions  {r['registers']:3} regs  {r['shared']} B "

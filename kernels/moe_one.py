@@ -31,14 +31,6 @@ IDLE_LOW (idle_low=True): when the units are fewer than the programs, the lowest
 the idle ones, not the highest. The H200 puts programs 0-15 of a 264-program grid two to an SM on
 SMs 124-131 (every stored trace), so at M = 8 (256 units) expert 0's up units shared SMs and ended
 last; idle, programs 0-7 leave programs 8-15 alone on those SMs.
-FEW (down_cols_few = DCF < BN2; with TMA rows the narrow tiles are pointer loads): after the align each program knows the
-launch's n_act; when its DCF-column down units, n_act * cdiv(H, DCF), all fit the grid at once, the
-down units (and combine tiles) are DCF columns wide (the first DCF of a BN2 tile, the rest masked:
-no bytes read), else BN2. The rows are tuned at M = 16; at M = 8 twice the down units stream at once
-(thirtieth session, H100, Qwen3 T = 16, 264 programs: 64-column tiles 35.6 against 40.4 us at
-M = 8, where 8 x 32 = 256 down units fit; slower at M = 10-16, where 320-512 do not). Same output bits either way (each
-element's sum over I runs in the same BK2 steps); hcount has max(NT2, cdiv(H, DCF)) entries and
-program 0 pads the ones this launch's tiling leaves unused.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -114,43 +106,17 @@ def _rows(mine, pos, cnt, ps, r0, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,  # noqa: E741
-              BLOCK_M: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, TMA_TILE: tl.constexpr,
-              DOT_F32: tl.constexpr):
-    """One row block's down tile: act[BM, I] @ down[e, tile]^T in fp32 [BM, BN2], the weight tile
-    by TMA (dn_ptr a descriptor, row row_d) or by pointer loads (w_d_ptrs [BK2, BN2], nmask_d)."""
-    acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
-    for k0 in range(0, I, BK2):
-        kmask = ks_d < I - k0
-        a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
-                      cache_modifier=".cg")  # written in this launch: via L2
-        if TMA_TILE:
-            w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
-        else:
-            w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
-            w_d_ptrs += BK2
-        if DOT_F32:
-            a_d = a_d.to(tl.float32)
-            w_d = w_d.to(tl.float32)
-        acc_d = tl.dot(a_d, w_d, acc_d)
-        a_d_ptrs += BK2
-    return acc_d
-
-
-@triton.jit
 def _moe_one_kernel(
-    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, dnr_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
-    T, stride_x, stride_y, n_prog, n_units, few_limit,
+    x_ptr, ids_ptr, wt_ptr, gu_ptr, dn_ptr, act_ptr, po_ptr, y_ptr, sync_ptr, trace_ptr,
+    T, stride_x, stride_y, n_prog, n_units,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, K: tl.constexpr, JMAX: tl.constexpr,  # noqa: E741
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, IDLE_LOW: tl.constexpr, DCF: tl.constexpr, NT2S_P2: tl.constexpr,
+    TMA: tl.constexpr, IDLE_LOW: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
-    NT2F: tl.constexpr = (H + DCF - 1) // DCF if DCF > 0 else NT2  # the same with DCF columns
-    NT2S: tl.constexpr = NT2F if NT2F > NT2 else NT2  # hcount entries
     if USE_PDL:  # wait for the producer kernel, then let the next launch start early
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -171,20 +137,12 @@ def _moe_one_kernel(
     ai = active.to(tl.int32)
     rank = tl.cumsum(ai, axis=0) - ai  # [BE] j of each active expert
     n_act = tl.sum(ai, axis=0)
-    if DCF > 0:  # FEW: when the launch's DCF-column down units all fit the grid at once, use them
-        few = n_act * NT2F <= few_limit
-        dc = tl.where(few, DCF, BN2)  # columns of H per down unit
-        nt2 = tl.where(few, NT2F, NT2)  # down units per expert
-    else:
-        dc = BN2
-        nt2 = NT2
     js = tl.arange(0, JMAX)  # [JMAX]
     if pid == 0:  # pad the entries no unit of this launch arrives on
         tl.atomic_add(sync_ptr + 1 + js, js * 0 + one, mask=js >= n_act, sem="relaxed", scope="gpu")
-        hs = tl.arange(0, NT2S_P2)  # [NT2S_P2]
-        tl.atomic_add(sync_ptr + 1 + JMAX + hs, hs * 0 + one,
-                      mask=(hs < NT2S) & ((hs >= nt2) | (hs * 0 + n_act == 0)), sem="relaxed", scope="gpu")
         if n_act == 0:
+            for nh in range(NT2):
+                tl.atomic_add(sync_ptr + 1 + JMAX + nh, one, sem="relaxed", scope="gpu")
             for t0 in range(0, T, BLOCK_TC):  # nothing kept anywhere: y = 0
                 ts = t0 + tl.arange(0, BLOCK_TC)  # [BTC]
                 for h0 in range(0, H, BN2):
@@ -193,7 +151,7 @@ def _moe_one_kernel(
                              tl.zeros([BLOCK_TC, BN2], dtype=y_ptr.dtype.element_ty),
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
     u1 = n_act * NT1
-    total = u1 + n_act * nt2
+    total = u1 + n_act * NT2
     first = pid
     if IDLE_LOW:  # at most one unit per program: the lowest program ids go idle (module docstring)
         first = pid - tl.maximum(n_prog - total, 0)
@@ -241,11 +199,11 @@ def _moe_one_kernel(
             _arrive(sync_ptr + 1 + j, tl.where(nt == 0, one - (NT1 - 1), 1))
             _stamp(trace_ptr, u, 1, pid, TRACE)
         else:  # ---- down unit (j, tile of H), then the combine if it arrives last --------------
-            j = (u - u1) // nt2
-            nh = (u - u1) % nt2
+            j = (u - u1) // NT2
+            nh = (u - u1) % NT2
             e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
-            ns_d = nh * dc + tl.arange(0, BN2)  # [BN2], the first dc of them used
-            nmask_d = (tl.arange(0, BN2) < dc) & (ns_d < H)
+            ns_d = nh * BN2 + tl.arange(0, BN2)  # [BN2]
+            nmask_d = ns_d < H
             ks_d = tl.arange(0, BK2)  # [BK2]
             _wait_moved(sync_ptr + 1 + j, base, BAR_BITS)
             _stamp(trace_ptr, u, 1, pid, TRACE)
@@ -253,19 +211,25 @@ def _moe_one_kernel(
             for r0 in range(0, cnt, BLOCK_M):
                 pair, rmask = _rows(mine, pos, cnt, ps, r0, BLOCK_M)
                 a_d_ptrs = act_ptr + pair[:, None] * I + ks_d[None, :]  # [BM, BK2]
-                # dn_ptr: with TMA a descriptor over down as [E*H, I], block [BN2, BK2]; dnr_ptr: down
-                row_d = (e * H + nh * BN2).to(tl.int32)
-                w_d_ptrs = dnr_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
-                if TMA != 0 and DCF > 0:  # FEW tiles by pointer loads (masked columns), else TMA
-                    if few:
-                        acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
-                                          BLOCK_M, BN2, BK2, False, DOT_F32)
-                    else:
-                        acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
-                                          BLOCK_M, BN2, BK2, True, DOT_F32)
+                if TMA != 0:  # dn_ptr: a descriptor over down as [E*H, I], block [BN2, BK2]
+                    row_d = (e * H + nh * BN2).to(tl.int32)
                 else:
-                    acc_d = _down_acc(a_d_ptrs, rmask, dn_ptr, w_d_ptrs, row_d, nmask_d, ks_d, I,
-                                      BLOCK_M, BN2, BK2, TMA != 0, DOT_F32)
+                    w_d_ptrs = dn_ptr + e * (H * I) + ns_d[None, :].to(tl.int64) * I + ks_d[:, None]
+                acc_d = tl.zeros([BLOCK_M, BN2], dtype=tl.float32)
+                for k0 in range(0, I, BK2):
+                    kmask = ks_d < I - k0
+                    a_d = tl.load(a_d_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0,
+                                  cache_modifier=".cg")  # written in this launch: via L2
+                    if TMA != 0:
+                        w_d = dn_ptr.load([row_d, k0]).T  # [BK2, BN2], zero-filled past I
+                    else:
+                        w_d = tl.load(w_d_ptrs, mask=kmask[:, None] & nmask_d[None, :], other=0.0)
+                        w_d_ptrs += BK2
+                    if DOT_F32:
+                        a_d = a_d.to(tl.float32)
+                        w_d = w_d.to(tl.float32)
+                    acc_d = tl.dot(a_d, w_d, acc_d)
+                    a_d_ptrs += BK2
                 tl.store(po_ptr + pair[:, None] * H + ns_d[None, :], acc_d,
                          mask=rmask[:, None] & nmask_d[None, :])
             inc = tl.where(j == 0, one - (n_act - 1), 1)
@@ -292,22 +256,16 @@ def _moe_one_kernel(
     _stamp(trace_ptr, n_units + pid, 2, pid, TRACE)
 
 
-def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0,
-                  bn2: int | None = None, down_cols_few: int | None = None) -> int:
+def check_options(bn1: int, up_cols: int | None, maxnreg: int | None, tma: int = 0) -> int:
     """moe_one's up_cols (None / 0 = BN1; a multiple of 8 up to BN1), maxnreg (None / 0 = none;
-    24..255), tma (0, 1 with up_cols = BN1, or 2) and down_cols_few (None / 0 = off; a multiple
-    of 8 below BN2) -> the columns per up unit (UPC). Also what MoeConfig checks when a table
-    loads."""
+    24..255) and tma (0, 1 with up_cols = BN1, or 2) -> the columns per up unit (UPC). Also what
+    MoeConfig checks when a table loads."""
     upc = up_cols or bn1
     check(8 <= upc <= bn1 and upc % 8 == 0, f"up_cols: a multiple of 8 in 8..{bn1} (BN1), got {up_cols}")
     check(not maxnreg or 24 <= maxnreg <= 255, f"maxnreg: 24..255 registers or None, got {maxnreg}")
     check(tma in (0, 1, 2) and (tma != 1 or upc == bn1),
           f"tma: 0, 1 (every weight tile; up_cols = BN1 = {bn1}) or 2 (down tiles), got tma {tma}, "
           f"up_cols {up_cols}")
-    if down_cols_few:
-        check(bn2 is not None and 8 <= down_cols_few < bn2 and down_cols_few % 8 == 0,
-              f"down_cols_few: a multiple of 8 in 8..{(bn2 or 16) - 8} (below BN2 = {bn2}) or 0, "
-              f"got {down_cols_few}")
     return upc
 
 
@@ -353,7 +311,6 @@ def moe_one(
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
     idle_low: bool = False,  # fewer units than programs: the lowest program ids idle
-    down_cols_few: int | None = None,  # DCF: down units of this many columns when they fit the grid
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -366,9 +323,7 @@ def moe_one(
     check(all(v >= 16 and v & (v - 1) == 0 for v in (bn1, bk1, bn2, bk2)),
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
-    upc = check_options(bn1, up_cols, maxnreg, tma, bn2, down_cols_few)
-    dcf = down_cols_few or 0
-    nt2s = max(nt2, triton.cdiv(H, dcf) if dcf else nt2)  # hcount entries (either tiling)
+    upc = check_options(bn1, up_cols, maxnreg, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
@@ -381,9 +336,9 @@ def moe_one(
     jmax = triton.next_power_of_2(min(E, P))
     act = torch.empty((P, I), dtype=hidden.dtype, device=dev)  # [P, I]
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
-    sync = barrier_buffer(dev, 1 + jmax + nt2s)  # [gen, flag[JMAX], hcount[NT2S]]
+    sync = barrier_buffer(dev, 1 + jmax + nt2)  # [gen, flag[JMAX], hcount[NT2]]
     interp = is_interpreter() or dev.type != "cuda"
-    units = moe_one_units(T, E, K, H, I, up, down_tiles, upc, dcf)
+    units = moe_one_units(T, E, K, H, I, up, down_tiles, upc)
     check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
@@ -393,7 +348,6 @@ def moe_one(
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
                   USE_PDL=pdl, TRACE=trace is not None, TMA=tma, IDLE_LOW=bool(idle_low),
-                  DCF=dcf, NT2S_P2=triton.next_power_of_2(nt2s),
                   num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
@@ -402,31 +356,27 @@ def moe_one(
         gu_arg = TensorDescriptor.from_tensor(gate_up.view(E * 2 * I, H), [bn1, bk1])
     if tma:
         dn_arg = TensorDescriptor.from_tensor(down.view(E * H, I), [bn2, bk2])
-    args = (hidden, ids, weights, gu_arg, dn_arg, down, act, pair_out, out, sync, trace_arg,
+    args = (hidden, ids, weights, gu_arg, dn_arg, act, pair_out, out, sync, trace_arg,
             T, hidden.stride(0), out.stride(0))
-    if interp:  # one program per unit, in unit order (see the module docstring); FEW is decided
-        # against the grid the GPU would launch (programs, default one per SM)
-        _moe_one_kernel[(units,)](*args, units, units, programs or num_sms(dev), **consts)
+    if interp:  # one program per unit, in unit order (see the module docstring)
+        _moe_one_kernel[(units,)](*args, units, units, **consts)
         return out
     sms = num_sms(dev)
     key = (str(dev), hidden.dtype, ids.dtype, weights.dtype, T == 1, *sorted(consts.items()))
     n_prog = min(programs or sms, units)
     if key not in _FITS:  # compile once and read its resources (a grid over them cannot launch)
-        compiled = _moe_one_kernel.warmup(*args, n_prog, units, n_prog, grid=(1,), **consts)
+        compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
     if trace is not None:
         check(trace.dtype == torch.int64 and trace.is_contiguous() and trace.dim() == 2
               and trace.shape[1] == 4 and trace.shape[0] >= units + n_prog,
               f"trace: int64 [>= {units + n_prog}, 4] contiguous, got {trace.dtype} {tuple(trace.shape)}")
-    _moe_one_kernel[(n_prog,)](*args, n_prog, units, n_prog, **consts)
+    _moe_one_kernel[(n_prog,)](*args, n_prog, units, **consts)
     return out
 
 
 def moe_one_units(T: int, E: int, K: int, H: int, I: int, up: tuple[int, int],  # noqa: E741
-                  down_tiles: tuple[int, int], up_cols: int | None = None,
-                  down_cols_few: int | None = None) -> int:
-    """The most work units one launch can have (every expert a pair could select active, down
-    tiles of min(BN2, down_cols_few) columns)."""
-    dn = min(down_tiles[0], down_cols_few or down_tiles[0])
-    return min(E, T * K) * (triton.cdiv(I, up_cols or up[0]) + triton.cdiv(H, dn))
+                  down_tiles: tuple[int, int], up_cols: int | None = None) -> int:
+    """The most work units one launch can have (every expert a pair could select active)."""
+    return min(E, T * K) * (triton.cdiv(I, up_cols or up[0]) + triton.cdiv(H, down_tiles[0]))

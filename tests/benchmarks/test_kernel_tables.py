@@ -313,3 +313,22 @@ def test_profile_names_a_run_without_a_profile_and_still_compares_the_repeat(tmp
     assert out.stdout.startswith("(not profiled: e2e_old has no profile_b16.json)")
     assert "repeat 2" in out.stdout and "| `_base_route_kernel` | 0.200 | 4.2 | 0.400 | 8.3 |" in out.stdout
     assert "| **graph step** | 5.700 | - | 5.900 | - |" in out.stdout
+
+
+def test_read_floor_table_takes_the_fastest_launch_and_the_fastest_at_two_per_sm(tmp_path):
+    def cell(programs, us, mode="all", ok=True):
+        nbytes = 75_000_000 if mode == "all" else 50_000_000
+        return dict(shape="qwen3-30b-a3b", T=16, M=8, mode=mode, experts_read=8, bytes=nbytes,
+                    floor_us=25.0, programs=programs, chunk=16384, stages=4, warps=4, us=us,
+                    x_floor=round(us / 25.0, 3), sum_ok=ok)
+    cells = [cell(132, 30.0), cell(264, 27.5), cell(528, 26.0), cell(528, 20.0, ok=False),
+             cell(264, 19.0, mode="up")]
+    (tmp_path / "read_floor.json").write_text(json.dumps(
+        {"gpu": "NVIDIA H100 80GB HBM3", "copy_bw_gbs": 3000.0, "cells": cells}))
+    out = _run("read_floor", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    rows = [x for x in out.stdout.splitlines() if x.startswith("| qwen3")]
+    # the wrong sum (20.0 us) is not a result; 2 x the smallest grid = 264 programs
+    assert rows[0] == ("| qwen3-30b-a3b | 16 | 8 | gate_up + down | 75.0 | 25.0 | 26.0 (1.04) | "
+                       "528, 16384, 4, 4 | 27.5 (1.10) |")
+    assert rows[1].startswith("| qwen3-30b-a3b | 16 | 8 | gate_up | 50.0 |") and "at 264 programs" in out.stdout

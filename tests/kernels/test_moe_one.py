@@ -139,52 +139,6 @@ def test_expert_rows_beyond_one_row_block():
     assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
 
 
-@pytest.mark.parametrize("programs", [1, 4, 64])
-def test_few_down_columns_same_output(programs):
-    """down_cols_few: DCF-column down units when all n_act * cdiv(H, DCF) of them fit the grid (here
-    H = 48: 2 tiles of 32 or 6 of 8; 5 experts x 6 = 30 down units fit 64 programs, not 1 or 4),
-    else BN2; the same output bits either way, through fused_moe's config too."""
-    x, ids, w, gu, dn = case(5, 7, 3, 48, 40, seed=4)
-    tiles = dict(up=(16, 16), down_tiles=(32, 16), block_m=16)
-    y = moe_one(x, ids, w, gu, dn, **tiles)
-    assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
-    for dcf in (8, 16, 24):
-        assert torch.equal(moe_one(x, ids, w, gu, dn, down_cols_few=dcf, programs=programs, **tiles), y)
-    for tma in (1, 2):  # TMA down tiles, the narrow ones by pointer loads
-        assert torch.equal(moe_one(x, ids, w, gu, dn, down_cols_few=8, programs=programs, tma=tma,
-                                   **tiles), y)
-    cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(32, 16), one_launch=True,
-                    down_cols_few=8)
-    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
-
-
-def test_few_down_columns_keep_the_sync_entries_aligned():
-    """Launches that alternate the two down tilings on one barrier buffer (max(NT2, cdiv(H, DCF))
-    hcount entries, program 0 padding the unused ones) stay aligned and bit-exact: the first kept
-    set (6 experts) gets BN2 tiles on 8 programs, the second (2 experts) DCF tiles, so a padding
-    slip would leave a combine tile unwritten in the next launch."""
-    x, ids, w, gu, dn = case(6, 8, 2, seed=6)
-    tiles = dict(up=(16, 16), down_tiles=(32, 16), block_m=16, down_cols_few=8, programs=16)
-    few = ids.clone()
-    few[:, 1] = -1
-    few[2:] = -1
-    n_many, n_few = (int(torch.unique(i[i >= 0]).numel()) for i in (ids, few))
-    assert n_many * 4 > 16 >= n_few * 4  # H = 32: NT2 1 (32 columns) or 4 (8)
-    plain = dict(up=(16, 16), down_tiles=(32, 16), block_m=16)
-    want = {0: moe_one(x, ids, w, gu, dn, **plain), 1: moe_one(x, few, w, gu, dn, **plain)}
-    before = {k: v.clone() for k, v in _BARRIERS.items()}
-    for i in range(4):
-        assert torch.equal(moe_one(x, ids if i % 2 == 0 else few, w, gu, dn, **tiles), want[i % 2])
-    moved = [k for k in _BARRIERS if k in before and not torch.equal(_BARRIERS[k], before[k])]
-    new = [k for k in _BARRIERS if k not in before]
-    keys = moved + new
-    assert len(keys) == 1
-    buf = _BARRIERS[keys[0]]
-    start = before.get(keys[0], torch.zeros_like(buf))
-    assert buf.numel() == 1 + 8 + 4  # gen, flags (JMAX 8), hcount for the narrower tiling
-    assert torch.equal((buf - start).long(), torch.full_like(buf, 4 << BAR_BITS).long())
-
-
 def test_repeated_launches_keep_the_sync_entries_aligned():
     """No memset: every launch moves every sync entry by exactly 2^BAR_BITS, whatever its routing,
     and the results stay bit-identical across launches with different kept sets."""
@@ -229,13 +183,9 @@ def test_through_fused_moe_config():
     assert MoeConfig.from_dict(dict(block_m=16, pair_major=False, up={}, down={})).one_launch is False
     row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True, maxnreg=168)
     assert MoeConfig.from_dict(row).maxnreg == 168
-    assert MoeConfig.from_dict({**row, "down_cols_few": 32}).down_cols_few == 32  # below BN2 = 64
     for bad, field in ((dict(maxnreg=8), "maxnreg"), (dict(up_cols=12), "up_cols"),
                        (dict(up_cols=64, up=dict(block_n=32)), "up_cols"),
-                       (dict(tma=3), "tma"), (dict(tma=1, up_cols=16), "tma"),
-                       (dict(down_cols_few=12), "down_cols_few"),
-                       (dict(down_cols_few=64, down=dict(block_n=64)), "down_cols_few"),
-                       (dict(down_cols_few=8, down=dict(block_n=8)), "down_cols_few")):
+                       (dict(tma=3), "tma"), (dict(tma=1, up_cols=16), "tma")):  # refused at load
         with pytest.raises(ValueError, match=field):
             MoeConfig.from_dict({**row, **bad})
     capped = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
