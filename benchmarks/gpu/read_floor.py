@@ -142,8 +142,8 @@ def main() -> int:
                     got = float(read_kept(weights[0][0], weights[0][1], kept, out, **kw).sum())
                     want = ref[0] if mode == "all" else ref[1]
                     ok = abs(got - want) <= 1e-3 * max(1.0, abs(want)) + 1e-2
-                    t = graph_time_us(rotating(lambda i, kw=kw, out=out: read_kept(  # noqa: B023
-                        weights[i][0], weights[i][1], kept, out, **kw)))
+                    t = graph_time_us(rotating(lambda i, kw=kw, out=out, wts=weights, kept=kept: read_kept(
+                        wts[i][0], wts[i][1], kept, out, **kw)))
                     cell = dict(shape=shape, T=T, M=M, mode=mode, experts_read=int(kept.numel()),
                                 bytes=nbytes, floor_us=round(floor, 2), programs=g * sms, chunk=ch,
                                 stages=st, warps=w, us=round(t, 2), x_floor=round(t / floor, 3),
