@@ -10,7 +10,7 @@ fold:   DIR/e2e_fold and DIR/e2e_nofold summary.json of gpu/run_fold_e2e_h200.sh
 moe_e2e: DIR/e2e_ours and DIR/e2e_sglang of gpu/run_moe_e2e_h200.sh (BASE_MOE=auto / sglang);
 hook:   DIR/moe_hook.json of gpu/check_moe_hook.py (the plugin's MoE hook on the GPU);
 sweep:  gpu/sweep_moe.py's sweep_moe.json files (FILE...): launch structures and the tile search;
-read_floor: DIR/read_floor.json of gpu/read_floor.py: per (shape, T, M, bytes read) the fastest read-only
+read_floor: DIR/read_floor.json of gpu/read_floor.py: per (shape, T, M, bytes, pattern) the fastest read-only
         launch and the fastest at 2 programs per SM (the one-launch MoE's grid), x the byte floor;
 trace_grid: gpu/trace_moe_one.py folders (DIR...): one row per (shape, T, M), one column per folder
         and variant (graph µs and x byte floor); trace_experts: its raw traces (Qwen3 T = 16), when
@@ -273,15 +273,17 @@ def read_floor_table(folder: str) -> str:
     groups: dict[tuple, list[dict]] = {}
     for c in doc["cells"]:
         if c.get("sum_ok", True):
-            groups.setdefault((c["shape"], c["T"], c["M"], c["mode"]), []).append(c)
+            groups.setdefault((c["shape"], c["T"], c["M"], c["mode"], c.get("pattern", "flat")),
+                              []).append(c)
     out = [f"{doc.get('gpu', '?')}, copy rate {doc['copy_bw_gbs']:.0f} GB/s",
            "", "| shape | T | M | bytes | MB | floor µs | fastest µs (x floor) | its grid, chunk, stages, warps "
            f"| at {2 * sms} programs µs (x floor) |", "|---|---:|---:|---|---:|---:|---|---|---|"]
-    for (shape, T, M, mode), cells in groups.items():
+    for (shape, T, M, mode, pattern), cells in groups.items():
         best = min(cells, key=lambda c: c["us"])
         two = [c for c in cells if c["programs"] == 2 * sms]
         b2 = min(two, key=lambda c: c["us"]) if two else None
-        what = "gate_up + down" if mode == "all" else "gate_up"
+        what = ("gate_up + down" if mode == "all" else "gate_up") + (
+            ", moe_one's tiles" if pattern == "tiles" else "")
         out.append(f"| {shape} | {T} | {M} | {what} | {best['bytes'] / 1e6:.1f} | {best['floor_us']:.1f} | "
                    f"{best['us']:.1f} ({best['x_floor']:.2f}) | {best['programs']}, {best['chunk']}, "
                    f"{best['stages']}, {best['warps']} | "

@@ -10,7 +10,10 @@ predictor, as sweep_moe.py and trace_moe_one.py pick it), chunk c = p, p + G, ..
 gate_up chunks before down chunks, expert by expert (the one-launch MoE's unit order), each chunk
 in BLOCK = min(4096, CH)-element loads pipelined over `stages`; PDL as the MoE kernels launch. Timed as the
 MoE sweeps are: CUDA graph of 10 calls, median of 15 replays, 3 rotating weight copies. Modes:
-"all" (every byte the MoE reads) and "up" (gate_up only: the up phase's bytes).
+"all" (every byte the MoE reads) and "up" (gate_up only: the up phase's bytes). --tiles
+UPC:BN1:BK1:BN2:BK2 adds the pattern "tiles": the same bytes in moe_one's weight tiles and unit order
+(up units of UPC rows of gate and of up in [BK1, BN1] loads over H, then down units of BN2 rows in
+[BK2, BN2] loads over I), i.e. the MoE's reads without its compute, align and waits.
 Prints a table; writes read_floor.json (every cell, the best per (shape, T, M, mode), provenance).
 """
 
@@ -70,16 +73,64 @@ def _read_kernel(gu_ptr, dn_ptr, kept_ptr, out_ptr, n_chunks, n_prog,
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
+@triton.jit
+def _read_tiles_kernel(gu_ptr, dn_ptr, kept_ptr, out_ptr, n_act, n_prog,
+                       H: tl.constexpr, I: tl.constexpr, UPC: tl.constexpr, BN1: tl.constexpr,  # noqa: E741
+                       BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, DOWN: tl.constexpr,
+                       STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """moe_one's weight reads alone: up units (j, UPC rows of gate and of up, [BK1, BN1] tiles over
+    H), then down units (j, BN2 rows of down, [BK2, BN2] tiles over I), unit u on program u mod G."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    NT1: tl.constexpr = (I + UPC - 1) // UPC
+    NT2: tl.constexpr = (H + BN2 - 1) // BN2
+    pid = tl.program_id(0)
+    ks1 = tl.arange(0, BK1)
+    ks2 = tl.arange(0, BK2)
+    acc1 = tl.zeros([BK1, BN1], dtype=tl.float32)
+    acc2 = tl.zeros([BK2, BN2], dtype=tl.float32)
+    u1 = n_act * NT1
+    total = u1 + (n_act * NT2 if DOWN else 0)
+    for u in range(pid, total, n_prog):
+        if u < u1:
+            e = tl.load(kept_ptr + u // NT1).to(tl.int64)
+            ns = (u % NT1) * UPC + tl.arange(0, BN1)  # [BN1]
+            nmask = (tl.arange(0, BN1) < UPC) & (ns < I)
+            w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks1[:, None]
+            for k0 in tl.range(0, H, BK1, num_stages=STAGES):
+                m = ((ks1 < H - k0)[:, None]) & nmask[None, :]
+                acc1 += tl.load(w_ptrs + k0, mask=m, other=0.0).to(tl.float32)
+                acc1 += tl.load(w_ptrs + k0 + I * H, mask=m, other=0.0).to(tl.float32)
+        else:
+            e = tl.load(kept_ptr + (u - u1) // NT2).to(tl.int64)
+            ns = ((u - u1) % NT2) * BN2 + tl.arange(0, BN2)  # [BN2]
+            w_ptrs = dn_ptr + e * (H * I) + ns[None, :].to(tl.int64) * I + ks2[:, None]
+            for k0 in tl.range(0, I, BK2, num_stages=STAGES):
+                m = ((ks2 < I - k0)[:, None]) & (ns < H)[None, :]
+                acc2 += tl.load(w_ptrs + k0, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(tl.sum(acc1, axis=1), axis=0) + tl.sum(tl.sum(acc2, axis=1), axis=0))
+
+
 def read_kept(gu: torch.Tensor, dn: torch.Tensor, kept: torch.Tensor, out: torch.Tensor, *,
-              programs: int, chunk: int, stages: int, warps: int, mode: str) -> torch.Tensor:
-    """out[p] = sum of program p's chunks of the kept experts' weights (fp32)."""
+              programs: int, chunk: int, stages: int, warps: int, mode: str,
+              tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+    """out[p] = sum of program p's chunks of the kept experts' weights (fp32); tiles = (UPC, BN1,
+    BK1, BN2, BK2): in moe_one's tiles and unit order instead of flat chunks."""
     E, two_i, H = gu.shape
+    pdl = use_pdl(gu.device)
+    if tiles:
+        upc, bn1, bk1, bn2, bk2 = tiles
+        _read_tiles_kernel[(programs,)](gu, dn, kept, out, kept.numel(), programs, H=H, I=two_i // 2,
+                                        UPC=upc, BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2,
+                                        DOWN=mode == "all", STAGES=stages, USE_PDL=pdl,
+                                        num_warps=warps, **launch_kwargs(pdl))
+        return out
     gu_n, dn_n = two_i * H, dn.shape[1] * dn.shape[2]
     block = min(BLOCK, chunk)
     assert gu_n % chunk == 0 and dn_n % chunk == 0 and chunk % block == 0
     gu_ch, dn_ch = gu_n // chunk, (dn_n // chunk if mode == "all" else 0)
     n_chunks = kept.numel() * (gu_ch + dn_ch)
-    pdl = use_pdl(gu.device)
     _read_kernel[(programs,)](gu, dn, kept, out, n_chunks, programs, GU_N=gu_n, DN_N=dn_n,
                               GU_CH=gu_ch, DN_CH=dn_ch, CH=chunk, BLOCK=block, STAGES=stages,
                               USE_PDL=pdl, num_warps=warps, **launch_kwargs(pdl))
@@ -97,6 +148,8 @@ def main() -> int:
     ap.add_argument("--stages", default="2,4")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--modes", default="all,up")
+    ap.add_argument("--tiles", default="", help="UPC:BN1:BK1:BN2:BK2: also read in moe_one's tiles and "
+                    "unit order (e.g. 48:64:128:128:64, the H200 Qwen3 T = 16 row); --chunks then unused")
     ap.add_argument("--budget-s", type=float, default=240.0)
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
@@ -127,36 +180,40 @@ def main() -> int:
             ref = [float(torch.cat([weights[0][0][kept.long()].flatten().float(),
                                     weights[0][1][kept.long()].flatten().float()]).sum()),
                    float(weights[0][0][kept.long()].float().sum())]
-            for mode in args.modes.split(","):
+            tiles = tuple(int(x) for x in args.tiles.split(":")) if args.tiles else None
+            for mode, pattern in itertools.product(args.modes.split(","),
+                                                   ["flat"] + (["tiles"] if tiles else [])):
                 nbytes = kept.numel() * (3 if mode == "all" else 2) * H * I * 2
                 floor = nbytes / (bw * 1e9) * 1e6
                 best = None
-                for g, ch, st, w in itertools.product(ints(args.grids), ints(args.chunks),
+                chunks = ints(args.chunks) if pattern == "flat" else [0]
+                for g, ch, st, w in itertools.product(ints(args.grids), chunks,
                                                       ints(args.stages), ints(args.warps)):
                     if time.monotonic() - t_start > args.budget_s:
                         print(f"budget of {args.budget_s:.0f} s reached: stopping", flush=True)
                         json.dump(result, open(path, "w"), indent=1)
                         return 0
-                    kw = dict(programs=g * sms, chunk=ch, stages=st, warps=w, mode=mode)
+                    kw = dict(programs=g * sms, chunk=ch, stages=st, warps=w, mode=mode,
+                              tiles=tiles if pattern == "tiles" else None)
                     out = torch.zeros(g * sms, dtype=torch.float32, device=DEVICE)
                     got = float(read_kept(weights[0][0], weights[0][1], kept, out, **kw).sum())
                     want = ref[0] if mode == "all" else ref[1]
                     ok = abs(got - want) <= 1e-3 * max(1.0, abs(want)) + 1e-2
                     t = graph_time_us(rotating(lambda i, kw=kw, out=out, wts=weights, kept=kept: read_kept(
                         wts[i][0], wts[i][1], kept, out, **kw)))
-                    cell = dict(shape=shape, T=T, M=M, mode=mode, experts_read=int(kept.numel()),
+                    cell = dict(shape=shape, T=T, M=M, mode=mode, pattern=pattern, experts_read=int(kept.numel()),
                                 bytes=nbytes, floor_us=round(floor, 2), programs=g * sms, chunk=ch,
                                 stages=st, warps=w, us=round(t, 2), x_floor=round(t / floor, 3),
                                 tbps=round(nbytes / t / 1e6, 3), sum_ok=ok)
                     result["cells"].append(cell)
                     if ok and (best is None or t < best["us"]):
                         best = cell
-                    print(f"{shape:14} {T:>3} {M:>3} {mode:>4} {kept.numel():>4} {nbytes / 1e6:6.1f} "
+                    print(f"{shape:14} {T:>3} {M:>3} {mode[:2] + pattern[0]:>4} {kept.numel():>4} {nbytes / 1e6:6.1f} "
                           f"{floor:6.1f} {g * sms:>4} {ch:>6} {st:>2} {w:>2} {t:7.1f} {t / floor:5.2f} "
                           f"{nbytes / t / 1e6:5.2f}" + ("" if ok else "  SUM MISMATCH"), flush=True)
                 if best:
                     result["best"].append(best)
-                    print(f"  best {shape} T={T} M={M} {mode}: {best['us']} us = {best['x_floor']}x "
+                    print(f"  best {shape} T={T} M={M} {mode} {pattern}: {best['us']} us = {best['x_floor']}x "
                           f"floor (G {best['programs']}, CH {best['chunk']}, stages {best['stages']}, "
                           f"warps {best['warps']})", flush=True)
                 json.dump(result, open(path, "w"), indent=1)

@@ -322,7 +322,7 @@ def test_read_floor_table_takes_the_fastest_launch_and_the_fastest_at_two_per_sm
                     floor_us=25.0, programs=programs, chunk=16384, stages=4, warps=4, us=us,
                     x_floor=round(us / 25.0, 3), sum_ok=ok)
     cells = [cell(132, 30.0), cell(264, 27.5), cell(528, 26.0), cell(528, 20.0, ok=False),
-             cell(264, 19.0, mode="up")]
+             cell(264, 19.0, mode="up"), dict(cell(264, 31.0), pattern="tiles")]
     (tmp_path / "read_floor.json").write_text(json.dumps(
         {"gpu": "NVIDIA H100 80GB HBM3", "copy_bw_gbs": 3000.0, "cells": cells}))
     out = _run("read_floor", str(tmp_path))
@@ -332,3 +332,5 @@ def test_read_floor_table_takes_the_fastest_launch_and_the_fastest_at_two_per_sm
     assert rows[0] == ("| qwen3-30b-a3b | 16 | 8 | gate_up + down | 75.0 | 25.0 | 26.0 (1.04) | "
                        "528, 16384, 4, 4 | 27.5 (1.10) |")
     assert rows[1].startswith("| qwen3-30b-a3b | 16 | 8 | gate_up | 50.0 |") and "at 264 programs" in out.stdout
+    assert rows[2].startswith("| qwen3-30b-a3b | 16 | 8 | gate_up + down, moe_one's tiles | 75.0 |")
+    assert rows[2].endswith("| 31.0 (1.24) |")
