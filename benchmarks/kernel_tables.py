@@ -265,11 +265,12 @@ def trace_table(folder: str) -> str:
 
 
 def read_floor_table(folder: str) -> str:
-    """gpu/read_floor.py's cells: per (shape, T, M, mode) the best launch over every grid / chunk /
-    stages / warps, and the best with 2 programs per SM (as moe_one runs at Qwen3 T = 16)."""
+    """gpu/read_floor.py's cells: per (shape, T, M, mode, pattern) the best launch over every grid /
+    chunk / stages / warps, and the best with 2 programs per SM (as moe_one runs at Qwen3 T = 16)."""
     with open(os.path.join(folder, "read_floor.json")) as f:
         doc = json.load(f)
-    sms = min(c["programs"] for c in doc["cells"])  # the grids are multiples of the SM count
+    # the run's SM count (files written before it was recorded ran grids 1..4 x SMs)
+    sms = doc.get("sms") or min(c["programs"] for c in doc["cells"])
     groups: dict[tuple, list[dict]] = {}
     for c in doc["cells"]:
         if c.get("sum_ok", True):

@@ -157,7 +157,8 @@ def main() -> int:
     bw = copy_bandwidth_gbs()
     sms = num_sms(torch.device(DEVICE))
     result = {**provenance({"copies": COPIES, "timing": "CUDA graph of 10 calls, median of 15",
-                            "block": BLOCK, **vars(args)}), "copy_bw_gbs": bw, "cells": [], "best": []}
+                            "block": BLOCK, **vars(args)}), "copy_bw_gbs": bw, "sms": sms, "cells": [],
+              "best": []}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "read_floor.json")
     print(f"copy bandwidth {bw:.0f} GB/s, {sms} SMs", flush=True)

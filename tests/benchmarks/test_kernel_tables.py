@@ -327,6 +327,11 @@ def test_read_floor_table_takes_the_fastest_launch_and_the_fastest_at_two_per_sm
         {"gpu": "NVIDIA H100 80GB HBM3", "copy_bw_gbs": 3000.0, "cells": cells}))
     out = _run("read_floor", str(tmp_path))
     assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "read_floor.json").read_text())
+    (tmp_path / "read_floor.json").write_text(json.dumps({**doc, "sms": 132,
+                                                          "cells": doc["cells"][1:]}))
+    recorded = _run("read_floor", str(tmp_path))  # no 132-program cell: the recorded count decides
+    assert "at 264 programs" in recorded.stdout and "| 27.5 (1.10) |" in recorded.stdout
     rows = [x for x in out.stdout.splitlines() if x.startswith("| qwen3")]
     # the wrong sum (20.0 us) is not a result; 2 x the smallest grid = 264 programs
     assert rows[0] == ("| qwen3-30b-a3b | 16 | 8 | gate_up + down | 75.0 | 25.0 | 26.0 (1.04) | "
