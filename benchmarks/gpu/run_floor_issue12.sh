@@ -9,6 +9,8 @@
 #           read stream                                   -> OUT/ncu/ncu_details.txt
 #   split   H200 only: the route-select split sweep at T = 1, 2, 4 (rows below 8, unmeasured there)
 #                                                         -> OUT/splitsweep/
+# Knobs (thirty-first session): VARIANTS, TRACE_BUDGETS, TRACE_ONLY, TRACE832= (empty: skip T = 8 / 32),
+# READ_ARGS (e.g. "--tiles 48:64:128:128:64 --grids 2,3 --chunks 16384 --stages 2,4 --warps 4").
 # Nothing to carry; proxy weights and results home (device-slim on base_sglang/models/proxy-moe
 # benchmarks/results).   OUT=DIR BASE_COMMIT=sha [PARTS="trace read ncu split"] bash benchmarks/gpu/run_floor_issue12.sh
 set -uo pipefail
@@ -26,10 +28,11 @@ for part in ${PARTS:-trace read ncu split}; do
         trace) mkdir -p "$OUT/trace"
             echo "=== trace: Qwen3 T = 16, M = 8 10 12 16; T = 8 / 32, M = 8 16"
             timeout -k 10 ${TRACE_S:-190} python3 benchmarks/gpu/trace_moe_one.py --out "$OUT/trace" \
-                --shapes qwen3-30b-a3b --tokens 16 --budgets 8,10,12,16 --variants "$VARIANTS" \
-                --trace-only shipped,dn=64:64 --budget-s $(( ${TRACE_S:-190} - 40 )) \
+                --shapes qwen3-30b-a3b --tokens 16 --budgets ${TRACE_BUDGETS:-8,10,12,16} --variants "$VARIANTS" \
+                --trace-only ${TRACE_ONLY:-shipped,dn=64:64} --budget-s $(( ${TRACE_S:-190} - 40 )) \
                 > "$OUT/trace/trace16.log" 2>&1 || status=1
-            tail -32 "$OUT/trace/trace16.log" | cut -c1-160
+            tail -40 "$OUT/trace/trace16.log" | cut -c1-160
+            [ -n "${TRACE832:-1}" ] || continue
             mkdir -p "$OUT/trace832"
             timeout -k 10 ${TRACE2_S:-70} python3 benchmarks/gpu/trace_moe_one.py --out "$OUT/trace832" \
                 --shapes qwen3-30b-a3b --tokens 8,32 --budgets 8,16 --variants shipped,dn=64:64,dn=64:128 \
@@ -39,8 +42,8 @@ for part in ${PARTS:-trace read ncu split}; do
         read) mkdir -p "$OUT/read"
             echo "=== read: one launch streaming the kept experts' bytes"
             timeout -k 10 ${READ_S:-75} python3 benchmarks/gpu/read_floor.py --out "$OUT/read" \
-                --budgets 8,16 --budget-s $(( ${READ_S:-75} - 20 )) > "$OUT/read/read.log" 2>&1 || status=1
-            grep -E "best|copy" "$OUT/read/read.log" | cut -c1-200 ;;
+                --budgets 8,16 ${READ_ARGS:-} --budget-s $(( ${READ_S:-75} - 20 )) > "$OUT/read/read.log" 2>&1 || status=1
+            grep -E "best|copy|tiles" "$OUT/read/read.log" | cut -c1-200 ;;
         ncu) mkdir -p "$OUT/ncu"
             echo "=== ncu: moe_one shipped / dn=64:64 and the read stream, Qwen3 T = 16, M = 8 / 16"
             timeout -k 10 ${NCU_S:-95} ncu --clock-control none --set full \
