@@ -93,22 +93,22 @@ def _read_tiles_kernel(gu_ptr, dn_ptr, kept_ptr, out_ptr, n_act, n_prog,
     u1 = n_act * NT1
     total = u1 + (n_act * NT2 if DOWN else 0)
     for u in range(pid, total, n_prog):
-        if u < u1:
-            e = tl.load(kept_ptr + u // NT1).to(tl.int64)
-            ns = (u % NT1) * UPC + tl.arange(0, BN1)  # [BN1]
-            nmask = (tl.arange(0, BN1) < UPC) & (ns < I)
-            w_ptrs = gu_ptr + e * (2 * I * H) + ns[None, :].to(tl.int64) * H + ks1[:, None]
+        if u < u1:  # (names differ per branch: the compiler joins same-named values of both)
+            e1 = tl.load(kept_ptr + u // NT1).to(tl.int64)
+            ns1 = (u % NT1) * UPC + tl.arange(0, BN1)  # [BN1]
+            nmask1 = (tl.arange(0, BN1) < UPC) & (ns1 < I)
+            w1 = gu_ptr + e1 * (2 * I * H) + ns1[None, :].to(tl.int64) * H + ks1[:, None]
             for k0 in tl.range(0, H, BK1, num_stages=STAGES):
-                m = ((ks1 < H - k0)[:, None]) & nmask[None, :]
-                acc1 += tl.load(w_ptrs + k0, mask=m, other=0.0).to(tl.float32)
-                acc1 += tl.load(w_ptrs + k0 + I * H, mask=m, other=0.0).to(tl.float32)
+                m1 = ((ks1 < H - k0)[:, None]) & nmask1[None, :]
+                acc1 += tl.load(w1 + k0, mask=m1, other=0.0).to(tl.float32)
+                acc1 += tl.load(w1 + k0 + I * H, mask=m1, other=0.0).to(tl.float32)
         else:
-            e = tl.load(kept_ptr + (u - u1) // NT2).to(tl.int64)
-            ns = ((u - u1) % NT2) * BN2 + tl.arange(0, BN2)  # [BN2]
-            w_ptrs = dn_ptr + e * (H * I) + ns[None, :].to(tl.int64) * I + ks2[:, None]
+            e2 = tl.load(kept_ptr + (u - u1) // NT2).to(tl.int64)
+            ns2 = ((u - u1) % NT2) * BN2 + tl.arange(0, BN2)  # [BN2]
+            w2 = dn_ptr + e2 * (H * I) + ns2[None, :].to(tl.int64) * I + ks2[:, None]
             for k0 in tl.range(0, I, BK2, num_stages=STAGES):
-                m = ((ks2 < I - k0)[:, None]) & (ns < H)[None, :]
-                acc2 += tl.load(w_ptrs + k0, mask=m, other=0.0).to(tl.float32)
+                m2 = ((ks2 < I - k0)[:, None]) & (ns2 < H)[None, :]
+                acc2 += tl.load(w2 + k0, mask=m2, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(tl.sum(acc1, axis=1), axis=0) + tl.sum(tl.sum(acc2, axis=1), axis=0))
 
 

@@ -32,7 +32,7 @@ for part in ${PARTS:-trace read ncu split}; do
                 --trace-only ${TRACE_ONLY:-shipped,dn=64:64} --budget-s $(( ${TRACE_S:-190} - 40 )) \
                 > "$OUT/trace/trace16.log" 2>&1 || status=1
             tail -40 "$OUT/trace/trace16.log" | cut -c1-160
-            [ -n "${TRACE832:-1}" ] || continue
+            [ -n "${TRACE832-1}" ] || continue
             mkdir -p "$OUT/trace832"
             timeout -k 10 ${TRACE2_S:-70} python3 benchmarks/gpu/trace_moe_one.py --out "$OUT/trace832" \
                 --shapes qwen3-30b-a3b --tokens 8,32 --budgets 8,16 --variants shipped,dn=64:64,dn=64:128 \
