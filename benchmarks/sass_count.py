@@ -239,8 +239,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
-                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low,
-                  UCF=cfg.few_cols if tma != 1 else 0, FEW_MAX=cfg.few_max)
+                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low)
     types = {}
     if tma == 1:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
         consts["UPC"] = cfg.up.block_n

@@ -27,7 +27,7 @@ from base_sglang.kernels.moe_align import moe_align
 from base_sglang.kernels.moe_combine import moe_combine
 from base_sglang.kernels.moe_configs import gpu_file, load_table, shape_key, tuned_row
 from base_sglang.kernels.moe_gemm import GemmConfig, moe_gemm
-from base_sglang.kernels.moe_one import check_few, check_options, moe_one
+from base_sglang.kernels.moe_one import check_options, moe_one
 from base_sglang.kernels.utils import check, check_moe_inputs, check_tensor, num_sms
 
 
@@ -43,8 +43,6 @@ class MoeConfig:
     up_cols: int = 0  # one_launch: columns of I per up unit (0 = up.block_n)
     tma: int = 0  # one_launch: weight tiles by bulk tensor copies (TMA): 1 all, 2 down only
     idle_low: int = 0  # one_launch: 1 = with fewer units than programs, the lowest ids idle
-    few_cols: int = 0  # one_launch: with at most few_max active experts, up units of few_cols columns
-    few_max: int = 0
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
@@ -53,11 +51,9 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
-                        tma=int(d.get("tma", 0)), idle_low=int(d.get("idle_low", 0)),
-                        few_cols=int(d.get("few_cols", 0)), few_max=int(d.get("few_max", 0)))
+                        tma=int(d.get("tma", 0)), idle_low=int(d.get("idle_low", 0)))
         check(cfg.idle_low in (0, 1), f"idle_low: 0 or 1, got {cfg.idle_low}")
         check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma)  # at load, not at first call
-        check_few(cfg.up.block_n, cfg.few_cols, cfg.few_max, cfg.tma)
         return cfg
 
 
@@ -145,7 +141,6 @@ def fused_moe(
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                        num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
                        up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
-                       few_cols=cfg.few_cols, few_max=cfg.few_max,
                        programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
         return y if out is None else out.copy_(y)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)

@@ -31,9 +31,6 @@ IDLE_LOW (idle_low=True): when the units are fewer than the programs, the lowest
 the idle ones, not the highest. The H200 puts programs 0-15 of a 264-program grid two to an SM on
 SMs 124-131 (every stored trace), so at M = 8 (256 units) expert 0's up units shared SMs and ended
 last; idle, programs 0-7 leave programs 8-15 alone on those SMs.
-FEW (few_cols = UCF > 0, few_max): when at most few_max experts are active (known after the align:
-the budget is data in SGLang's graphs), up units take UCF columns instead of UPC, so more programs
-stream the up phase; the same BN1 tile, the rest masked; the same output bit for bit.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -116,7 +113,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, IDLE_LOW: tl.constexpr, UCF: tl.constexpr, FEW_MAX: tl.constexpr,
+    TMA: tl.constexpr, IDLE_LOW: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -153,14 +150,7 @@ def _moe_one_kernel(
                     tl.store(y_ptr + ts[:, None] * stride_y + hh[None, :],
                              tl.zeros([BLOCK_TC, BN2], dtype=y_ptr.dtype.element_ty),
                              mask=(ts < T)[:, None] & (hh < H)[None, :])
-    if UCF > 0:  # at most FEW_MAX active experts: up units of UCF columns (more of them)
-        few = n_act <= FEW_MAX
-        nt1 = tl.where(few, (I + UCF - 1) // UCF, NT1)
-        upc = tl.where(few, UCF, UPC)
-    else:
-        nt1 = NT1
-        upc = UPC
-    u1 = n_act * nt1
+    u1 = n_act * NT1
     total = u1 + n_act * NT2
     first = pid
     if IDLE_LOW:  # at most one unit per program: the lowest program ids go idle (module docstring)
@@ -170,11 +160,11 @@ def _moe_one_kernel(
     for u in range(first, total, n_prog):
         _stamp(trace_ptr, u, 0, pid, TRACE)
         if u < u1:  # ---- up unit (j, tile of I) --------------------------------------------------
-            j = u // nt1
-            nt = u % nt1
+            j = u // NT1
+            nt = u % NT1
             e = tl.sum(tl.where(active & (rank == j), es, 0), axis=0).to(tl.int64)
-            ns = nt * upc + tl.arange(0, BN1)  # [BN1]
-            nmask = (tl.arange(0, BN1) < upc) & (ns < I)
+            ns = nt * UPC + tl.arange(0, BN1)  # [BN1]
+            nmask = (tl.arange(0, BN1) < UPC) & (ns < I)
             ks = tl.arange(0, BK1)  # [BK1]
             mine, pos, cnt = _expert_pairs(ids_all, valid, e)
             for r0 in range(0, cnt, BLOCK_M):  # chunks of e's rows (one unless T > BM)
@@ -206,7 +196,7 @@ def _moe_one_kernel(
                 acc = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up
                 tl.store(act_ptr + pair[:, None] * I + ns[None, :],
                          acc.to(act_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
-            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, one - (nt1 - 1), 1))
+            _arrive(sync_ptr + 1 + j, tl.where(nt == 0, one - (NT1 - 1), 1))
             _stamp(trace_ptr, u, 1, pid, TRACE)
         else:  # ---- down unit (j, tile of H), then the combine if it arrives last --------------
             j = (u - u1) // NT2
@@ -321,8 +311,6 @@ def moe_one(
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
     idle_low: bool = False,  # fewer units than programs: the lowest program ids idle
-    few_cols: int = 0,  # UCF: with at most few_max active experts, up units of UCF columns (0 = off)
-    few_max: int = 0,
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -336,7 +324,6 @@ def moe_one(
           f"up, down_tiles: powers of 2 >= 16, got {up}, {down_tiles}")
     check(block_m >= 16 and block_m & (block_m - 1) == 0, f"block_m: power of 2 >= 16, got {block_m}")
     upc = check_options(bn1, up_cols, maxnreg, tma)
-    check_few(bn1, few_cols, few_max, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
@@ -351,7 +338,7 @@ def moe_one(
     pair_out = torch.empty((P, H), dtype=torch.float32, device=dev)  # [P, H]
     sync = barrier_buffer(dev, 1 + jmax + nt2)  # [gen, flag[JMAX], hcount[NT2]]
     interp = is_interpreter() or dev.type != "cuda"
-    units = moe_one_units(T, E, K, H, I, up, down_tiles, upc, few_cols)
+    units = moe_one_units(T, E, K, H, I, up, down_tiles, upc)
     check(not interp or trace is None, "trace: inline PTX, CUDA only (not under the interpreter)")
     pdl = use_pdl(dev)
     extra = {} if interp else dict(launch_kwargs(pdl),
@@ -361,7 +348,6 @@ def moe_one(
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
                   USE_PDL=pdl, TRACE=trace is not None, TMA=tma, IDLE_LOW=bool(idle_low),
-                  UCF=few_cols, FEW_MAX=few_max,
                   num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
@@ -391,16 +377,6 @@ def moe_one(
 
 
 def moe_one_units(T: int, E: int, K: int, H: int, I: int, up: tuple[int, int],  # noqa: E741
-                  down_tiles: tuple[int, int], up_cols: int | None = None, few_cols: int = 0) -> int:
+                  down_tiles: tuple[int, int], up_cols: int | None = None) -> int:
     """The most work units one launch can have (every expert a pair could select active)."""
-    nt1 = max(triton.cdiv(I, up_cols or up[0]), triton.cdiv(I, few_cols) if few_cols else 0)
-    return min(E, T * K) * (nt1 + triton.cdiv(H, down_tiles[0]))
-
-
-def check_few(bn1: int, few_cols: int, few_max: int, tma: int = 0) -> None:
-    """few_cols (0 = off, else a multiple of 8 up to BN1) and few_max (>= 1 when few_cols is on);
-    not with tma 1 (its up unit is the whole BN1 tile)."""
-    check(few_cols == 0 or (8 <= few_cols <= bn1 and few_cols % 8 == 0),
-          f"few_cols: 0 or a multiple of 8 in 8..{bn1} (BN1), got {few_cols}")
-    check(few_cols == 0 or few_max >= 1, f"few_max: >= 1 active experts with few_cols, got {few_max}")
-    check(few_cols == 0 or tma != 1, "few_cols: not with tma 1 (its up unit is the whole BN1 tile)")
+    return min(E, T * K) * (triton.cdiv(I, up_cols or up[0]) + triton.cdiv(H, down_tiles[0]))

@@ -51,9 +51,8 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "i=0|1" /
-    "f=COLS:MAX" joined by "/" -> the config (i = idle_low: with fewer units than programs, the lowest
-    ids idle; f = few_cols / few_max: up units of COLS columns when at most MAX experts are active)."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "i=0|1" joined by
+    "/" -> the config (i = idle_low: with fewer units than programs, the lowest ids idle)."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -72,11 +71,9 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
         elif key == "i" and nums in ([0], [1]):  # fewer units than programs: the lowest ids idle
             cfg = dataclasses.replace(cfg, idle_low=nums[0])
-        elif key == "f" and len(nums) == 2:  # up units of nums[0] columns at <= nums[1] experts
-            cfg = dataclasses.replace(cfg, few_cols=nums[0], few_max=nums[1])
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2, i=0/1, f=COLS:MAX joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2, i=0/1 joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -84,15 +81,12 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
-                few_cols=cfg.few_cols, few_max=cfg.few_max)
+                up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low))
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741
     """(up units, all units) of a launch with n_act active experts."""
-    few = cfg.few_cols and n_act <= cfg.few_max
-    nt1 = -(-I // (cfg.few_cols if few else (cfg.up_cols or cfg.up.block_n)))
-    nt2 = -(-H // cfg.down.block_n)
+    nt1, nt2 = -(-I // (cfg.up_cols or cfg.up.block_n)), -(-H // cfg.down.block_n)
     return n_act * nt1, n_act * (nt1 + nt2)
 
 
@@ -193,8 +187,7 @@ def main() -> int:
                         line = (f"{shape:14} {T:>3} {M:>3} {n_read:>4} {floor:6.1f} {name:>18} {t:7.1f} "
                                 f"{t / floor:5.2f}")
                         if name in traced and DEVICE == "cuda":  # not in a dry run
-                            units = moe_one_units(T, E, K, H, I, kw["up"], kw["down_tiles"], kw["up_cols"],
-                                                  kw["few_cols"])
+                            units = moe_one_units(T, E, K, H, I, kw["up"], kw["down_tiles"], kw["up_cols"])
                             moe_one(hidden, ids, w, gus[2], dns[2], **kw)  # L2 holds copy 2
                             tr = trace_once(hidden, ids, w, gus[0], dns[0], kw, units)
                             u1, real = layout(n_read, H, I, vcfg)

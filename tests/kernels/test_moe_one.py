@@ -12,7 +12,6 @@ from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_one
 from base_sglang.kernels.fused_moe import MoeConfig
 from base_sglang.kernels.moe_gemm import GemmConfig
-from base_sglang.kernels.moe_one import moe_one_units
 from base_sglang.kernels.utils import _BARRIERS, BAR_BITS
 
 REL_TOL = 1e-2  # bf16 weights, fp32 accumulation, the activation rounded to bf16 once
@@ -58,38 +57,6 @@ def test_fewer_columns_per_up_unit_same_output(up_cols):
     cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
                     up_cols=up_cols)
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
-
-
-@pytest.mark.parametrize("few_max", [1, 3, 7])
-def test_few_cols_same_output_whether_or_not_the_rule_fires(few_max):
-    # few_cols: up units of 8 columns instead of 32 when at most few_max experts are active (one
-    # token, K = 3: 3 active experts, so the rule fires at few_max 3 and 7, not at 1); both layouts
-    # compute every element by the same dot products: bit-equal to the plain launch
-    for T in (1, 5):  # T = 5: up to 7 active, so at few_max 3 the rule is off
-        x, ids, w, gu, dn = case(T, 7, 3, 48, 40, seed=T + few_max)
-        plain = moe_one(x, ids, w, gu, dn, up=(32, 16), down_tiles=(16, 16), block_m=16)
-        y = moe_one(x, ids, w, gu, dn, up=(32, 16), down_tiles=(16, 16), block_m=16, few_cols=8,
-                    few_max=few_max)
-        assert rel_err(y, ref_of(x, ids, w, gu, dn)) < REL_TOL
-        assert torch.equal(y, plain)
-    cfg = MoeConfig(block_m=16, up=GemmConfig(32, 16), down=GemmConfig(16, 16), one_launch=True,
-                    few_cols=8, few_max=few_max)
-    assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
-    assert moe_one_units(5, 7, 3, 48, 40, (32, 16), (16, 16), None, 8) == 7 * (5 + 3)
-
-
-@pytest.mark.parametrize("kwargs,field", [(dict(few_cols=12, few_max=4), "few_cols"),
-                                          (dict(few_cols=64, few_max=4), "few_cols"),
-                                          (dict(few_cols=8, few_max=0), "few_max"),
-                                          (dict(few_cols=8, few_max=4, tma=1), "few_cols")])
-def test_bad_few_cols_name_the_field(kwargs, field):
-    x, ids, w, gu, dn = case(2, 4, 2)
-    with pytest.raises(ValueError, match=field):
-        moe_one(x, ids, w, gu, dn, up=(32, 16), down_tiles=(16, 16), block_m=16, **kwargs)
-    row = dict(block_m=16, pair_major=False, up=dict(block_n=32, block_k=16), down={},
-               one_launch=True, **kwargs)
-    with pytest.raises(ValueError, match=field):  # refused when a table loads
-        MoeConfig.from_dict(row)
 
 
 @pytest.mark.parametrize("T,E,K,H,I", [(5, 7, 3, 48, 40), (4, 8, 8, 32, 16)])
