@@ -224,7 +224,7 @@ def backfill_lines() -> tuple:
 
 
 def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None,
-             tma: int = 0, idle_low: bool = False) -> dict:
+             tma: int = 0, idle_low: bool = False, pair_order: bool = False) -> dict:
     """The one-launch MoE of one shape and T with the H200's tuned budget tiles (M = 16 routing,
     bf16, int32 ids), under the row's maxnreg unless one is given: counts, resources and the
     programs per SM they allow."""
@@ -239,7 +239,7 @@ def moe_sass(shape: str, T: int, trace: bool = False, maxnreg: int | None = None
                   BLOCK_M=cfg.block_m, BLOCK_TC=16, BN1=cfg.up.block_n, BK1=cfg.up.block_k,
                   BN2=cfg.down.block_n, BK2=cfg.down.block_k, UPC=cfg.up_cols or cfg.up.block_n,
                   DOT_F32=False, BAR_BITS=BAR_BITS,
-                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low)
+                  USE_PDL=True, TRACE=trace, TMA=tma, IDLE_LOW=idle_low, PAIR=pair_order)
     types = {}
     if tma == 1:  # the tuned row with TMA weight tiles: the up unit is the whole BN1 tile
         consts["UPC"] = cfg.up.block_n
@@ -275,6 +275,7 @@ def main() -> int:
     ap.add_argument("--tma", type=int, default=0, choices=(0, 1, 2),
                     help="--moe: TMA weight tiles, moe_one(tma=N): 1 all, 2 down only")
     ap.add_argument("--idle-low", action="store_true", help="--moe: compiled with IDLE_LOW (moe_one idle_low)")
+    ap.add_argument("--pair-order", action="store_true", help="--moe: compiled with PAIR (moe_one pair_order)")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -289,7 +290,7 @@ def main() -> int:
         for tiles in args.tiles:
             if args.moe:
                 for cap in args.maxnreg:
-                    r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.idle_low)
+                    r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.idle_low, args.pair_order)
                     rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, idle_low=args.idle_low, **{
                         k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
                     print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "

@@ -43,6 +43,7 @@ class MoeConfig:
     up_cols: int = 0  # one_launch: columns of I per up unit (0 = up.block_n)
     tma: int = 0  # one_launch: weight tiles by bulk tensor copies (TMA): 1 all, 2 down only
     idle_low: int = 0  # one_launch: 1 = with fewer units than programs, the lowest ids idle
+    pair_order: int = 0  # one_launch: 1 = on a 2-per-SM grid the programs alone on their SM walk first
 
     @staticmethod
     def from_dict(d: dict) -> MoeConfig:
@@ -51,8 +52,11 @@ class MoeConfig:
                         one_launch=bool(d.get("one_launch", False)),
                         ctas_per_sm=int(d.get("ctas_per_sm", 1)),
                         maxnreg=int(d.get("maxnreg", 0)), up_cols=int(d.get("up_cols", 0)),
-                        tma=int(d.get("tma", 0)), idle_low=int(d.get("idle_low", 0)))
+                        tma=int(d.get("tma", 0)), idle_low=int(d.get("idle_low", 0)),
+                        pair_order=int(d.get("pair_order", 0)))
         check(cfg.idle_low in (0, 1), f"idle_low: 0 or 1, got {cfg.idle_low}")
+        check(cfg.pair_order in (0, 1) and not (cfg.pair_order and cfg.idle_low),
+              f"pair_order: 0 or 1, and not with idle_low, got {cfg.pair_order} (idle_low {cfg.idle_low})")
         check_options(cfg.up.block_n, cfg.up_cols, cfg.maxnreg, cfg.tma)  # at load, not at first call
         return cfg
 
@@ -141,6 +145,7 @@ def fused_moe(
                        down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                        num_stages=cfg.up.num_stages, maxnreg=cfg.maxnreg or None,
                        up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
+                       pair_order=bool(cfg.pair_order),
                        programs=cfg.ctas_per_sm * num_sms(dev) if dev.type == "cuda" else None)
         return y if out is None else out.copy_(y)
     blocks = None if cfg.pair_major else moe_align(ids, E, cfg.block_m)

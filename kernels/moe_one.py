@@ -31,6 +31,14 @@ IDLE_LOW (idle_low=True): when the units are fewer than the programs, the lowest
 the idle ones, not the highest. The H200 puts programs 0-15 of a 264-program grid two to an SM on
 SMs 124-131 (every stored trace), so at M = 8 (256 units) expert 0's up units shared SMs and ended
 last; idle, programs 0-7 leave programs 8-15 alone on those SMs.
+PAIR (pair_order=True, GPU grids of exactly 2 programs per SM only): program p walks the units from
+place v(p) instead of p, where v puts the programs that are alone on their SM first. Every stored
+H100 / H200 trace (benchmarks/results/*/trace) places a 2 x SMs grid the same way: programs 0-7 and
+8-15 share SMs 124-131, and program p (16 <= p < G/2 + 8) shares its SM with p + G/2 - 8. So
+F = [0..7] + [16..G/2+7] are on G/2 distinct SMs and S = the rest, and v = index in F, or G/2 +
+index in S. At M = 8 (256 units, G = 264) no SM then runs two up units or two down units. Only
+speed depends on the placement: v is a permutation, every program still walks its units in
+ascending order, so the no-deadlock argument above holds for any placement.
 TRACE (GPU only: inline PTX) writes %globaltimer stamps per unit and per program
 (benchmarks/gpu/trace_moe_one.py reads them).
 Shape legend: T tokens, K slots, P = T*K pairs, E experts, H hidden, I intermediate, BM rows per
@@ -89,6 +97,27 @@ def _stamp(trace_ptr, row, col, pid, TRACE: tl.constexpr):
 
 
 @triton.jit
+def _pair_place(pid, n_prog):
+    """v(pid) of PAIR (module docstring); pair_place is the same map on the host."""
+    half = n_prog // 2
+    alone = (pid < 8) | ((pid >= 16) & (pid < half + 8))
+    return tl.where(alone, tl.where(pid < 8, pid, pid - 8), half + tl.where(pid < 16, pid - 8, pid - half))
+
+
+def pair_place(pid: int, n_prog: int) -> int:
+    """The host's copy of _pair_place: a permutation of range(n_prog) for even n_prog >= 32."""
+    half = n_prog // 2
+    if pid < 8 or 16 <= pid < half + 8:
+        return pid if pid < 8 else pid - 8
+    return half + (pid - 8 if pid < 16 else pid - half)
+
+
+def pair_order_applies(n_prog: int, sms: int) -> bool:
+    """pair_order acts on grids of exactly 2 programs per SM (the placement it was measured on)."""
+    return sms >= 16 and n_prog == 2 * sms
+
+
+@triton.jit
 def _expert_pairs(ids_all, valid, e):
     """Expert e's pairs: mask [BP], row of each in e's list (ascending slot) [BP], count []."""
     mine = valid & (ids_all == e)  # [BP]
@@ -113,7 +142,7 @@ def _moe_one_kernel(
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TC: tl.constexpr,
     BN1: tl.constexpr, BK1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, UPC: tl.constexpr,
     DOT_F32: tl.constexpr, BAR_BITS: tl.constexpr, USE_PDL: tl.constexpr, TRACE: tl.constexpr,
-    TMA: tl.constexpr, IDLE_LOW: tl.constexpr,
+    TMA: tl.constexpr, IDLE_LOW: tl.constexpr, PAIR: tl.constexpr,
 ):
     NT1: tl.constexpr = (I + UPC - 1) // UPC  # up units per expert
     NT2: tl.constexpr = (H + BN2 - 1) // BN2  # down units per expert (= combine tiles)
@@ -153,6 +182,8 @@ def _moe_one_kernel(
     u1 = n_act * NT1
     total = u1 + n_act * NT2
     first = pid
+    if PAIR:  # the programs alone on their SM first (module docstring)
+        first = _pair_place(pid, n_prog)
     if IDLE_LOW:  # at most one unit per program: the lowest program ids go idle (module docstring)
         first = pid - tl.maximum(n_prog - total, 0)
         first = tl.where(first < 0, total, first)
@@ -311,6 +342,7 @@ def moe_one(
     cooperative: bool = True,
     tma: int = 0,  # weight tiles by bulk tensor copies (TMA): 1 all (up_cols = BN1), 2 down only
     idle_low: bool = False,  # fewer units than programs: the lowest program ids idle
+    pair_order: bool = False,  # 2 programs per SM: the programs alone on their SM walk first
     trace: torch.Tensor | None = None,  # int64 [>= units + grid, 4] zeros -> stamps; GPU only
 ) -> torch.Tensor:
     """Routed-expert output [T, H] in hidden's dtype, one launch (fp32 accumulation and combine).
@@ -326,6 +358,7 @@ def moe_one(
     upc = check_options(bn1, up_cols, maxnreg, tma)
     check(not tma or (H % 8 == 0 and I % 8 == 0),
           f"tma: H and I must be multiples of 8 (16-byte rows), got H {H}, I {I}")
+    check(not (pair_order and idle_low), "pair_order: not with idle_low (both choose the idle programs)")
     check(E < (1 << BAR_BITS), f"E: at most 2^{BAR_BITS} - 1 experts, got {E}")
     ids = ids.contiguous()
     weights = weights.contiguous()
@@ -347,7 +380,7 @@ def moe_one(
     consts = dict(H=H, I=I, E=E, K=K, JMAX=jmax, BLOCK_P=max(16, triton.next_power_of_2(P)),
                   BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_TC=16,
                   BN1=bn1, BK1=bk1, BN2=bn2, BK2=bk2, UPC=upc, DOT_F32=interp, BAR_BITS=BAR_BITS,
-                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, IDLE_LOW=bool(idle_low),
+                  USE_PDL=pdl, TRACE=trace is not None, TMA=tma, IDLE_LOW=bool(idle_low), PAIR=False,
                   num_warps=num_warps,
                   num_stages=num_stages, **extra)
     trace_arg = sync if trace is None else trace
@@ -368,6 +401,8 @@ def moe_one(
         compiled = _moe_one_kernel.warmup(*args, n_prog, units, grid=(1,), **consts)
         _FITS[key] = programs_per_sm(compiled, num_warps, dev)
     n_prog = min(n_prog, _FITS[key] * sms)
+    if pair_order and pair_order_applies(n_prog, sms):  # (same resources: only the unit order moves)
+        consts["PAIR"] = True
     if trace is not None:
         check(trace.dtype == torch.int64 and trace.is_contiguous() and trace.dim() == 2
               and trace.shape[1] == 4 and trace.shape[0] >= units + n_prog,

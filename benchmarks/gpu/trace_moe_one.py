@@ -51,8 +51,9 @@ from base_sglang.testing.predictors import random_predictor  # noqa: E402
 
 
 def parse_variant(v: str, cfg):
-    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "i=0|1" joined by
-    "/" -> the config (i = idle_low: with fewer units than programs, the lowest ids idle)."""
+    """"shipped", or "up=BN:BK:W:S" / "dn=BN:BK" / "c=N" / "r=N" / "u=N" / "t=0|1|2" / "i=0|1" / "o=0|1"
+    joined by "/" -> the config (i = idle_low: with fewer units than programs, the lowest ids idle;
+    o = pair_order: on a 2-per-SM grid the programs alone on their SM walk first; o=1 clears i)."""
     for o in ([] if v == "shipped" else v.split("/")):
         key, _, val = o.partition("=")
         nums = [int(x) for x in val.split(":")] if val else []
@@ -71,9 +72,11 @@ def parse_variant(v: str, cfg):
             cfg = dataclasses.replace(cfg, tma=nums[0], up_cols=0 if nums[0] == 1 else cfg.up_cols)
         elif key == "i" and nums in ([0], [1]):  # fewer units than programs: the lowest ids idle
             cfg = dataclasses.replace(cfg, idle_low=nums[0])
+        elif key == "o" and nums in ([0], [1]):  # pair_order: the programs alone on their SM first
+            cfg = dataclasses.replace(cfg, pair_order=nums[0], idle_low=0 if nums[0] else cfg.idle_low)
         else:
             raise SystemExit(f"--variants: shipped, or up=BN:BK:WARPS:STAGES, dn=BN:BK, c=N, r=24..255, "
-                             f"u=8k, t=0/1/2, i=0/1 joined by /, got {o!r} in {v!r}")
+                             f"u=8k, t=0/1/2, i=0/1, o=0/1 joined by /, got {o!r} in {v!r}")
     return cfg
 
 
@@ -81,7 +84,8 @@ def one_kwargs(cfg, programs: int) -> dict:
     return dict(block_m=cfg.block_m, up=(cfg.up.block_n, cfg.up.block_k),
                 down_tiles=(cfg.down.block_n, cfg.down.block_k), num_warps=cfg.up.num_warps,
                 num_stages=cfg.up.num_stages, programs=programs, maxnreg=cfg.maxnreg or None,
-                up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low))
+                up_cols=cfg.up_cols or None, tma=cfg.tma, idle_low=bool(cfg.idle_low),
+                pair_order=bool(cfg.pair_order))
 
 
 def layout(n_act: int, H: int, I: int, cfg) -> tuple[int, int]:  # noqa: E741

@@ -4,6 +4,9 @@ Under the interpreter the grid is one program per work unit, in unit order, so t
 runs (histogram align, up units, flags, down units, last-arrival combine) without a concurrent spin.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from kernel_helpers import DEVICE, experts, routing
@@ -12,8 +15,10 @@ from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_one
 from base_sglang.kernels.fused_moe import MoeConfig
 from base_sglang.kernels.moe_gemm import GemmConfig
+from base_sglang.kernels.moe_one import pair_order_applies, pair_place
 from base_sglang.kernels.utils import _BARRIERS, BAR_BITS
 
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 REL_TOL = 1e-2  # bf16 weights, fp32 accumulation, the activation rounded to bf16 once
 TILES = dict(up=(16, 16), down_tiles=(16, 16), block_m=16)
 
@@ -57,6 +62,43 @@ def test_fewer_columns_per_up_unit_same_output(up_cols):
     cfg = MoeConfig(block_m=16, up=GemmConfig(16, 16), down=GemmConfig(16, 16), one_launch=True,
                     up_cols=up_cols)
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
+
+
+@pytest.mark.parametrize("n_prog", [32, 132, 264, 228])
+def test_pair_place_is_a_permutation(n_prog):
+    v = [pair_place(p, n_prog) for p in range(n_prog)]
+    assert sorted(v) == list(range(n_prog))
+    assert pair_order_applies(264, 132) and not pair_order_applies(396, 132)
+    assert not pair_order_applies(16, 8)
+
+
+@pytest.mark.parametrize("trace", ["small_units_h100/call1/trace", "kernels_h200_idle/call1/r1/trace"])
+def test_pair_place_puts_the_first_half_on_distinct_sms(trace):
+    # the placement pair_order assumes, against stored GPU timelines (an H100 and an H200): the
+    # programs with v < G/2 are on G/2 distinct SMs, so the first G/2 units never share an SM
+    doc = json.loads((RESULTS / trace / "trace_moe_one.json").read_text())
+    for raw in doc["raw_traces"]:
+        sm = [row[3] for row in raw["rows"][raw["units"]:] if row[0] > 0]
+        if len(sm) != 264:
+            continue
+        first = {sm[p] for p in range(264) if pair_place(p, 264) < 132}
+        assert len(first) == 132
+        shipped = {sm[p] for p in range(128)}  # without it the first 128 programs share 8 SMs
+        assert len(shipped) == 120
+
+
+def test_pair_order_same_output_and_checked():
+    x, ids, w, gu, dn = case(7, 13, 3, seed=7)
+    y = moe_one(x, ids, w, gu, dn, **TILES)
+    # under the interpreter (and on grids other than 2 per SM) it changes nothing
+    assert torch.equal(moe_one(x, ids, w, gu, dn, pair_order=True, **TILES), y)
+    with pytest.raises(ValueError, match="pair_order"):
+        moe_one(x, ids, w, gu, dn, pair_order=True, idle_low=True, **TILES)
+    row = dict(block_m=16, pair_major=False, up={}, down={}, one_launch=True, pair_order=1)
+    assert MoeConfig.from_dict(row).pair_order == 1
+    for bad in (dict(pair_order=2), dict(pair_order=1, idle_low=1)):
+        with pytest.raises(ValueError, match="pair_order"):
+            MoeConfig.from_dict({**row, **bad})
 
 
 @pytest.mark.parametrize("T,E,K,H,I", [(5, 7, 3, 48, 40), (4, 8, 8, 32, 16)])
