@@ -291,7 +291,8 @@ def main() -> int:
             if args.moe:
                 for cap in args.maxnreg:
                     r = moe_sass(args.shape, T, args.trace, cap, args.tma, args.idle_low, args.pair_order)
-                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, idle_low=args.idle_low, **{
+                    rows.append(dict(T=T, trace=args.trace, maxnreg=cap, tma=args.tma, idle_low=args.idle_low,
+                                     pair_order=args.pair_order, **{
                         k: v for k, v in r.items() if k not in ("opcodes", "sass", "lined")}))
                     print(f"T={T:<3} moe_one {r['tiles']:28} maxnreg {cap or '-':>3} "
                           f"{r['instructions']:6} instructions  {r['registers']:3} regs  {r['shared']} B "

@@ -98,18 +98,10 @@ def _stamp(trace_ptr, row, col, pid, TRACE: tl.constexpr):
 
 @triton.jit
 def _pair_place(pid, n_prog):
-    """v(pid) of PAIR (module docstring); pair_place is the same map on the host."""
+    """v(pid) of PAIR (module docstring): a permutation of range(n_prog) for even n_prog >= 32."""
     half = n_prog // 2
     alone = (pid < 8) | ((pid >= 16) & (pid < half + 8))
     return tl.where(alone, tl.where(pid < 8, pid, pid - 8), half + tl.where(pid < 16, pid - 8, pid - half))
-
-
-def pair_place(pid: int, n_prog: int) -> int:
-    """The host's copy of _pair_place: a permutation of range(n_prog) for even n_prog >= 32."""
-    half = n_prog // 2
-    if pid < 8 or 16 <= pid < half + 8:
-        return pid if pid < 8 else pid - 8
-    return half + (pid - 8 if pid < 16 else pid - half)
 
 
 def pair_order_applies(n_prog: int, sms: int) -> bool:

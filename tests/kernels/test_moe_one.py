@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from kernel_helpers import DEVICE, experts, routing
 
 from base_sglang.core import moe_forward_ref
 from base_sglang.kernels import fused_moe, moe_one
 from base_sglang.kernels.fused_moe import MoeConfig
 from base_sglang.kernels.moe_gemm import GemmConfig
-from base_sglang.kernels.moe_one import pair_order_applies, pair_place
+from base_sglang.kernels.moe_one import _pair_place, pair_order_applies
 from base_sglang.kernels.utils import _BARRIERS, BAR_BITS
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -64,10 +66,22 @@ def test_fewer_columns_per_up_unit_same_output(up_cols):
     assert torch.equal(fused_moe(x, ids, w, gu, dn, config=cfg), y)
 
 
+@triton.jit
+def _places_kernel(out_ptr, n_prog):
+    pid = tl.program_id(0)
+    tl.store(out_ptr + pid, _pair_place(pid, n_prog))
+
+
+def pair_places(n_prog: int) -> list[int]:
+    """v(p) for every program p, computed by the kernel's own _pair_place."""
+    out = torch.full((n_prog,), -1, dtype=torch.int32, device=DEVICE)
+    _places_kernel[(n_prog,)](out, n_prog)
+    return out.tolist()
+
+
 @pytest.mark.parametrize("n_prog", [32, 132, 264, 228])
 def test_pair_place_is_a_permutation(n_prog):
-    v = [pair_place(p, n_prog) for p in range(n_prog)]
-    assert sorted(v) == list(range(n_prog))
+    assert sorted(pair_places(n_prog)) == list(range(n_prog))
     assert pair_order_applies(264, 132) and not pair_order_applies(396, 132)
     assert not pair_order_applies(16, 8)
 
@@ -77,11 +91,12 @@ def test_pair_place_puts_the_first_half_on_distinct_sms(trace):
     # the placement pair_order assumes, against stored GPU timelines (an H100 and an H200): the
     # programs with v < G/2 are on G/2 distinct SMs, so the first G/2 units never share an SM
     doc = json.loads((RESULTS / trace / "trace_moe_one.json").read_text())
+    v = pair_places(264)
     for raw in doc["raw_traces"]:
         sm = [row[3] for row in raw["rows"][raw["units"]:] if row[0] > 0]
         if len(sm) != 264:
             continue
-        first = {sm[p] for p in range(264) if pair_place(p, 264) < 132}
+        first = {sm[p] for p in range(264) if v[p] < 132}
         assert len(first) == 132
         shipped = {sm[p] for p in range(128)}  # without it the first 128 programs share 8 SMs
         assert len(shipped) == 120
