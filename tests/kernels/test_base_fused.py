@@ -19,7 +19,7 @@ def fused(monkeypatch):
 
 
 @pytest.mark.parametrize("T,E,K,budget", [
-    (40, 128, 8, 24),  # several row programs, E programs score
+    (24, 128, 8, 24),  # several row programs, E programs score
     (40, 8, 2, 3),  # more row programs than experts: programs past E only build rows
     (9, 60, 6, 10),  # E and K not powers of two
     (7, 32, 4, 0),  # M = 0: every routed expert dropped

@@ -81,7 +81,7 @@ def test_every_tiling(tiles, M, split):
     check_route(24, 64, 8, [M] * 23 + [-1], seed=M)
 
 
-@pytest.mark.parametrize("T,M,dtype", [(40, 24, torch.bfloat16), (40, 40, torch.float32),
+@pytest.mark.parametrize("T,M,dtype", [(24, 24, torch.bfloat16), (24, 40, torch.float32),
                                        (16, 12, torch.bfloat16)])
 def test_equals_the_one_launch_kernel_bitwise(T, M, dtype, monkeypatch):
     # at the one launch's tiling (E = 64: 16 rows per program, 4 warps) both sum the same chunk
@@ -99,11 +99,11 @@ def test_equals_the_one_launch_kernel_bitwise(T, M, dtype, monkeypatch):
 
 
 def test_repeat_calls_are_bitwise_equal(split):
-    T, E, K = 24, 128, 8
+    T, E, K = 16, 128, 8
     scores, pred = folded_scores(T, E, 16, seed=4)
     budget = torch.tensor([10] * T).to(DEVICE)
     outs = [base_route_split(scores[:, :E], scores[:, E:], pred.bias[0], budget, top_k=K,
-                             renormalize=True, combine="partial") for _ in range(3)]
+                             renormalize=True, combine="partial") for _ in range(2)]
     for o in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outs[0], o))
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("st") is None,
 
 def test_schemathesis_finds_nothing(server, tmp_path):
     cmd = ["st", "run", f"{server.url}/openapi.json", "--checks", "all",
-           "--exclude-checks", "positive_data_acceptance", "--mode", "all", "--max-time", "60",
+           "--exclude-checks", "positive_data_acceptance", "--mode", "all", "--max-time", "45",
            "--max-examples", "60", "--seed", "20261201", "--workers", "1",
            "--request-timeout", "30", "--no-color", "--generation-database", "none"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
