@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -695,3 +697,28 @@ def test_tuned_configs_judges_a_variant_against_what_its_file_ran():
     s = {key: {"budget": {"16": dict(row)}}}
     tc.apply_traces(s, [old, old, new])  # t=2 over u=48 in one file of three: not enough
     assert MoeConfig.from_dict(s[key]["budget"]["16"]) == u48
+
+
+# ---- run_h200_left_issue12.sh: the H200-only runs stop on any other GPU ---------------------------
+def _gpu_on_path(tmp_path, name):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"  # stands in for the driver's tool: this machine has no GPU
+    smi.write_text(f"#!/bin/sh\necho '{name}'\n")
+    smi.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+@pytest.mark.parametrize("gpu,part,rc,says", [
+    ("NVIDIA H100 80GB HBM3", "kernels", 0, "not an H200: nothing run"),
+    ("NVIDIA H100 80GB HBM3", "e2e", 0, "not an H200: nothing run"),
+    ("NVIDIA H200", "fold", 2, "unknown PART 'fold' (kernels e2e)"),
+])
+def test_h200_left_script_stops_off_the_h200_and_names_a_bad_part(tmp_path, gpu, part, rc, says):
+    env = {**_gpu_on_path(tmp_path, gpu), "OUT": str(tmp_path / "out"), "PART": part}
+    out = subprocess.run(["bash", str(GPU_DIR / "run_h200_left_issue12.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == rc, out.stderr
+    assert says in out.stdout + out.stderr
+    assert (tmp_path / "out" / "gpu.txt").read_text() == f"gpu: {gpu}\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu.txt"]  # nothing else ran
