@@ -12,11 +12,17 @@
 #     BASE_ROUTE=auto against fold end to end, ABBA (old new new_2 old_2), B = 8 / 16, budgets 16 / 8,
 #     a profiled step at B = 16 budget 16                           -> OUT/e2e/
 # Proxy weights and results home (device-slim on base_sglang/models/proxy-moe benchmarks/results).
-#   OUT=DIR BASE_COMMIT=sha [PART=kernels|e2e] bash benchmarks/gpu/run_h200_left_issue12.sh
+#   OUT=DIR BASE_COMMIT=sha [PART=kernels|e2e] [PACK=FILE.tgz] bash benchmarks/gpu/run_h200_left_issue12.sh
+# PACK: on every exit, DIR is also written as one gzipped tar (the device returns at most 8 files,
+# two folders down, and each part writes more), e.g. on the device:
+#   OUT=/tmp/k PACK=$OUT/kernels.tgz BASE_COMMIT=sha bash benchmarks/gpu/run_h200_left_issue12.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?OUT is required}
 mkdir -p "$OUT"
+if [ -n "${PACK:-}" ]; then
+    trap 'tar czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")" || echo "PACK: could not write $PACK" >&2' EXIT
+fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu" | tee "$OUT/gpu.txt"
 case "$gpu" in *H200*) ;; *) echo "not an H200: nothing run"; exit 0 ;; esac

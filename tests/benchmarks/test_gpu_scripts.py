@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -722,3 +723,18 @@ def test_h200_left_script_stops_off_the_h200_and_names_a_bad_part(tmp_path, gpu,
     assert says in out.stdout + out.stderr
     assert (tmp_path / "out" / "gpu.txt").read_text() == f"gpu: {gpu}\n"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu.txt"]  # nothing else ran
+
+
+@pytest.mark.parametrize("gpu,part,rc", [("NVIDIA H100 80GB HBM3", "kernels", 0), ("NVIDIA H200", "fold", 2)])
+def test_h200_left_script_packs_its_folder_on_every_exit(tmp_path, gpu, part, rc):
+    """PACK=FILE: the folder comes back as one tar whatever the exit (the device returns 8 files)."""
+    pack = tmp_path / "ret" / "kernels.tgz"
+    pack.parent.mkdir()
+    env = {**_gpu_on_path(tmp_path, gpu), "OUT": str(tmp_path / "k"), "PART": part, "PACK": str(pack)}
+    out = subprocess.run(["bash", str(GPU_DIR / "run_h200_left_issue12.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == rc, out.stderr  # the trap keeps the script's own status
+    with tarfile.open(pack) as t:
+        assert sorted(t.getnames()) == ["k", "k/gpu.txt"]
+        assert t.extractfile("k/gpu.txt").read().decode() == f"gpu: {gpu}\n"
+
