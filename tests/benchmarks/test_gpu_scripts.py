@@ -737,4 +737,3 @@ def test_h200_left_script_packs_its_folder_on_every_exit(tmp_path, gpu, part, rc
     with tarfile.open(pack) as t:
         assert sorted(t.getnames()) == ["k", "k/gpu.txt"]
         assert t.extractfile("k/gpu.txt").read().decode() == f"gpu: {gpu}\n"
-
